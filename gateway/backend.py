@@ -1,0 +1,145 @@
+"""Backends: turn a chat request into a stream of chunk bytes.
+
+A backend adapter owns how the model server is reached: URL layout, auth,
+timeouts, connection limits, and the conversion of transport failures into
+`BackendError`s (done here, once).  It knows nothing about the Responses API
+or about how events reach the client.  `ChatBackend` is the interface; the
+OpenAI-compatible Chat Completions adapter is the one implementation today.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
+
+import httpx2
+import orjson
+import trio
+
+from .config import Settings
+from .errors import BackendStatusError, map_backend_errors
+
+__all__ = ["ChatBackend", "ChatStream", "OpenAICompatibleBackend", "open_http_client"]
+
+_MAX_ERROR_BODY = 64 * 1024
+
+# Request headers a passthrough forwards; everything else (hop-by-hop,
+# host, the client's own authorization for the gateway) stays here.
+_FORWARD_REQUEST_HEADERS = frozenset(
+    {"content-type", "accept", "accept-language", "user-agent", "openai-beta", "x-request-id"}
+)
+_DROP_RESPONSE_HEADERS = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
+)
+
+
+class ChatStream:
+    """The body of a successful streaming chat response, as raw byte chunks."""
+
+    def __init__(self, response: httpx2.Response) -> None:
+        self.status = response.status_code
+        self._chunks = response.aiter_bytes()
+
+    def __aiter__(self) -> ChatStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        with map_backend_errors():
+            return await self._chunks.__anext__()
+
+
+class ChatBackend(Protocol):
+    def open_chat_stream(self, body: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[ChatStream]:
+        """Start a streaming chat completion.
+
+        Raises:
+            BackendStatusError: the backend answered with an error status.
+            BackendError: it could not be reached or timed out.
+        """
+        ...
+
+    def open_passthrough(
+        self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
+    ) -> contextlib.AbstractAsyncContextManager[httpx2.Response]:
+        """Forward any other `/v1/{path}` request as it is."""
+        ...
+
+
+def open_http_client(settings: Settings) -> httpx2.AsyncClient:
+    """The one HTTP client of an app: timeouts and limits from settings."""
+    limits = httpx2.Limits(
+        max_connections=settings.upstream_max_connections,
+        max_keepalive_connections=min(settings.upstream_max_connections, 1024),
+        keepalive_expiry=30.0,
+    )
+    timeout = httpx2.Timeout(
+        connect=settings.connect_timeout,
+        read=settings.stream_timeout,
+        write=settings.stream_timeout,
+        pool=None,  # waiting for a free connection is bounded by the limit, not a timer
+    )
+    return httpx2.AsyncClient(limits=limits, timeout=timeout, follow_redirects=False)
+
+
+class OpenAICompatibleBackend:
+    """Any server that speaks OpenAI's `/v1/chat/completions`."""
+
+    def __init__(self, settings: Settings, client: httpx2.AsyncClient) -> None:
+        self._client = client
+        self._v1 = settings.backend_v1
+        self._chat_url = self._v1 + "/chat/completions"
+        self._auth = {"authorization": f"Bearer {settings.openai_api_key}"} if settings.openai_api_key else {}
+        self._chat_headers = {
+            **self._auth,
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+        }
+
+    @contextlib.asynccontextmanager
+    async def open_chat_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatStream]:
+        request = self._client.build_request("POST", self._chat_url, content=orjson.dumps(body), headers=self._chat_headers)
+        async with _open(self._client, request) as response:
+            if response.status_code >= 400:
+                raise BackendStatusError.from_body(response.status_code, await _read_bounded(response))
+            yield ChatStream(response)
+
+    @contextlib.asynccontextmanager
+    async def open_passthrough(
+        self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
+    ) -> AsyncIterator[httpx2.Response]:
+        url = f"{self._v1}/{path.lstrip('/')}"
+        if query:
+            url += "?" + query.decode("latin-1")
+        forwarded = {k: v for k, v in headers.items() if k.lower() in _FORWARD_REQUEST_HEADERS}
+        forwarded.update(self._auth)
+        request = self._client.build_request(method, url, content=body or None, headers=forwarded)
+        async with _open(self._client, request) as response:
+            yield response
+
+
+def passthrough_response_headers(response: httpx2.Response) -> dict[str, str]:
+    return {k: v for k, v in response.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS}
+
+
+@contextlib.asynccontextmanager
+async def _open(client: httpx2.AsyncClient, request: httpx2.Request) -> AsyncIterator[httpx2.Response]:
+    with map_backend_errors():
+        response = await client.send(request, stream=True)
+    try:
+        yield response
+    finally:
+        # Closing must finish even when the request is being cancelled (the
+        # client left): that is what tells the backend to stop generating.
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            await response.aclose()
+
+
+async def _read_bounded(response: httpx2.Response) -> bytes:
+    data = bytearray()
+    with map_backend_errors():
+        async for chunk in response.aiter_bytes():
+            data += chunk
+            if len(data) >= _MAX_ERROR_BODY:
+                break
+    return bytes(data[:_MAX_ERROR_BODY])

@@ -1,0 +1,127 @@
+"""Settings: the one place configuration is read.
+
+Owns every environment variable the gateway understands (names and defaults
+follow the open-responses-server table so existing deployments keep working),
+the `.env` file, and the normalisation of values such as the backend URL.
+No other module reads the environment: code receives a `Settings` object.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["ConfigError", "Settings", "load_settings"]
+
+
+class ConfigError(Exception):
+    """An environment variable holds a value the gateway cannot use."""
+
+
+class Settings(BaseSettings):
+    """Frozen gateway configuration, built once and passed explicitly.
+
+    Each field maps to the upper-case environment variable of the same name.
+    """
+
+    model_config = SettingsConfigDict(
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        frozen=True,
+        case_sensitive=False,
+    )
+
+    # --- backend -----------------------------------------------------------
+    openai_base_url_internal: str = Field(
+        "http://localhost:8000",
+        description="Chat Completions backend base URL, with or without a trailing /v1.",
+    )
+    openai_base_url: str = Field(
+        "http://localhost:8080", description="This gateway's external URL (informational)."
+    )
+    openai_api_key: str = Field(
+        "dummy-key", description="API key sent to the backend as a Bearer token.", repr=False
+    )
+    stream_timeout: float = Field(
+        120.0, gt=0, description="Seconds the backend may stay silent (read timeout) before the response fails."
+    )
+    connect_timeout: float = Field(10.0, gt=0, description="Seconds to open a connection to the backend.")
+    upstream_max_connections: int = Field(
+        10_000, ge=1, description="Upper bound on concurrent connections to the backend."
+    )
+
+    # --- server ------------------------------------------------------------
+    api_adapter_host: str = Field("0.0.0.0", description="Bind address.")
+    api_adapter_port: int = Field(8080, ge=0, le=65535, description="Bind port (0 picks a free port).")
+    heartbeat_interval: float = Field(
+        15.0, gt=0, description="Seconds of silence on a stream before an SSE keep-alive comment is sent."
+    )
+    max_request_body_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="Largest accepted request body; larger ones get 413."
+    )
+    reasoning_events: Literal["openai", "spec"] = Field(
+        "openai",
+        description=(
+            "Event names for reasoning text: 'openai' emits response.reasoning_text.* "
+            "(what the OpenAI SDKs and Codex render); 'spec' emits response.reasoning.* "
+            "as named by the Open Responses specification."
+        ),
+    )
+
+    # --- conversation and tools (used by later features; names kept stable) --
+    max_conversation_history: int = Field(100, ge=1, description="Stored conversations kept in memory.")
+    max_tool_call_iterations: int = Field(25, ge=1, description="Tool-loop rounds before a response stops.")
+    mcp_tool_refresh_interval: float = Field(10.0, gt=0, description="Seconds between MCP tool refreshes.")
+    mcp_servers_config_path: str | None = Field(None, description="Path of the MCP servers JSON file.")
+
+    # --- logging -----------------------------------------------------------
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        "INFO", description="Logging level."
+    )
+    log_file_path: str | None = Field(
+        "./log/api_adapter.log", description="Log file; empty to log to stderr only."
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("openai_base_url_internal")
+    @classmethod
+    def _backend_url(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        if value.endswith("/v1"):
+            value = value[: -len("/v1")]
+        return value
+
+    @field_validator("log_file_path", "mcp_servers_config_path", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @property
+    def backend_v1(self) -> str:
+        """The backend's `/v1` root, never doubled."""
+        return self.openai_base_url_internal + "/v1"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build settings from the environment (and `.env`), with overrides.
+
+    Raises:
+        ConfigError: a value is invalid; the message names the variable.
+    """
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            name = ".".join(str(p) for p in err["loc"]).upper() or "?"
+            problems.append(f"{name}: {err['msg']}")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

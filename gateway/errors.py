@@ -1,0 +1,213 @@
+"""The gateway's one exception hierarchy, and how errors look on the wire.
+
+Every error a client can see is a `GatewayError` carrying its HTTP status and
+its OpenAI error `type` and `code`.  Library exceptions (httpx2, pydantic) are
+converted at the edge (`map_backend_errors`, `invalid_request_from_pydantic`);
+nothing else in the code base turns exceptions into responses.
+
+    GatewayError
+    ├── InvalidRequest            400 invalid_request_error
+    │   └── RequestTooLarge       413
+    ├── NotFound                  404
+    ├── BackendError              the backend could not serve the request
+    │   ├── BackendUnavailable    502 (connect refused, reset, protocol error)
+    │   ├── BackendTimeout        504 (connect or read timeout)
+    │   ├── BackendStatusError    the backend's own 4xx (passed on) or 5xx (502)
+    │   └── BackendStreamError    an error payload inside a 200 stream, or a cut stream
+    └── InternalError             500 (a bug; details only in DEBUG logs)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import orjson
+
+__all__ = [
+    "BackendError",
+    "BackendStatusError",
+    "BackendStreamError",
+    "BackendTimeout",
+    "BackendUnavailable",
+    "GatewayError",
+    "InternalError",
+    "InvalidRequest",
+    "NotFound",
+    "RequestTooLarge",
+    "error_body",
+    "error_json",
+    "map_backend_errors",
+]
+
+
+class GatewayError(Exception):
+    """Base of every error a client may see."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def payload(self) -> dict[str, Any]:
+        """The OpenAI error object: message, type, param, code."""
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class RequestTooLarge(InvalidRequest):
+    status = 413
+    code = "request_too_large"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class InternalError(GatewayError):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+
+class BackendError(GatewayError):
+    status = 502
+    type = "server_error"
+    code = "backend_error"
+
+
+class BackendUnavailable(BackendError):
+    code = "backend_unavailable"
+
+
+class BackendTimeout(BackendError):
+    status = 504
+    code = "backend_timeout"
+
+
+class BackendStreamError(BackendError):
+    code = "backend_stream_error"
+
+
+class BackendStatusError(BackendError):
+    """The backend answered with an error status.
+
+    A 4xx is the client's problem (unknown model, context too long) and is
+    passed on with the backend's status, type, code and message; a 5xx is ours
+    to report as 502.
+    """
+
+    def __init__(
+        self,
+        backend_status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message, param=param)
+        self.backend_status = backend_status
+        if 400 <= backend_status < 500:
+            self.status = backend_status
+            self.type = type or "invalid_request_error"
+            self.code = code or _CODE_FOR_STATUS.get(backend_status, "invalid_request")
+        else:
+            self.status = 502
+            self.code = "backend_error"
+
+    @classmethod
+    def from_body(cls, backend_status: int, body: bytes) -> "BackendStatusError":
+        """Build from the backend's error body, whatever shape it has."""
+        message, type_, code, param = _parse_error_body(body)
+        if not message:
+            message = f"the backend answered with HTTP {backend_status}"
+        if backend_status >= 500:
+            message = f"the backend failed (HTTP {backend_status}): {message}"
+        return cls(backend_status, message, type=type_, code=code, param=param)
+
+
+_CODE_FOR_STATUS = {
+    400: "invalid_request",
+    401: "backend_unauthorized",
+    403: "backend_forbidden",
+    404: "model_not_found",
+    408: "backend_timeout",
+    413: "request_too_large",
+    422: "invalid_request",
+    429: "rate_limit_exceeded",
+}
+
+_MAX_MESSAGE = 2000
+
+
+def _parse_error_body(body: bytes) -> tuple[str, str | None, str | None, str | None]:
+    """Extract (message, type, code, param) from OpenAI-, llama.cpp- or plain-text errors."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode("utf-8", "replace").strip()[:_MAX_MESSAGE], None, None, None
+    return error_fields(data)
+
+
+def error_fields(data: Any) -> tuple[str, str | None, str | None, str | None]:
+    """(message, type, code, param) from a decoded error payload of any common shape."""
+    err = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(err, str):
+        return err[:_MAX_MESSAGE], None, None, None
+    if not isinstance(err, dict):
+        return str(err)[:_MAX_MESSAGE], None, None, None
+    message = err.get("message") or err.get("detail") or err.get("msg") or ""
+    if not isinstance(message, str):
+        message = str(message)
+    type_ = err.get("type") if isinstance(err.get("type"), str) else None
+    code = err.get("code")
+    code = str(code) if code is not None and not isinstance(code, bool) else None
+    if code is not None and code.isdigit():
+        code = None  # llama.cpp puts the HTTP status here; that is not an OpenAI code
+    param = err.get("param") if isinstance(err.get("param"), str) else None
+    return message[:_MAX_MESSAGE], type_, code, param
+
+
+def error_body(exc: GatewayError) -> dict[str, Any]:
+    """`{"error": {...}}` as OpenAI returns it."""
+    return {"error": exc.payload()}
+
+
+def error_json(exc: GatewayError) -> bytes:
+    return orjson.dumps(error_body(exc))
+
+
+@contextlib.contextmanager
+def map_backend_errors() -> Iterator[None]:
+    """Convert httpx2 exceptions raised inside the block into `BackendError`s.
+
+    The messages name what failed without echoing internal addresses or
+    library text to the client.
+    """
+    try:
+        yield
+    except httpx2.TimeoutException as exc:
+        kind = "connecting to" if isinstance(exc, httpx2.ConnectTimeout) else "waiting for"
+        raise BackendTimeout(f"timed out {kind} the backend") from exc
+    except httpx2.ConnectError as exc:
+        raise BackendUnavailable("could not connect to the backend") from exc
+    except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError) as exc:
+        raise BackendUnavailable("the connection to the backend was lost") from exc
+    except httpx2.TransportError as exc:
+        raise BackendUnavailable("the backend could not be reached") from exc

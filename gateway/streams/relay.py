@@ -1,0 +1,305 @@
+"""The async shells around the translator: streaming relay and collector.
+
+`ResponseEventStream` is a Quart response body that owns the per-request
+nursery (opened in `__aenter__`, closed in `__aexit__`, both in the task that
+runs Quart's send loop; never inside an async generator).  Its siblings are
+linked by memory channels:
+
+    upstream reader --chunks--> translator --bytes--> send loop (Quart)
+                                heartbeat  --bytes--/
+
+Each sibling catches its own failures and turns them into data, so that any
+failure ends the stream with `error` + `response.failed`; only a client that
+leaves (cancellation from Quart's connection nursery) ends it without a
+terminal event.  The shells move data and make no protocol decisions.
+
+`collect_response` runs the same translator without streaming.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import trio
+from quart.wrappers.response import ResponseBody
+
+from ..backend import ChatBackend
+from ..errors import BackendStatusError, BackendStreamError, GatewayError, InternalError, error_json
+from .chunks import DONE, ChunkDecoder
+from .sse import encode_comment, encode_done, encode_event
+from .translator import ResponseTranslator
+
+__all__ = ["SSE_HEADERS", "DeferredHeadBody", "ResponseEventStream", "StreamOutcome", "collect_response"]
+
+log = logging.getLogger("gateway.relay")
+
+SSE_HEADERS = {
+    "content-type": "text/event-stream; charset=utf-8",
+    "cache-control": "no-cache",
+    "x-accel-buffering": "no",
+}
+_JSON_HEADERS = {"content-type": "application/json"}
+
+
+class _EndOfStream:
+    """The backend closed the stream without `[DONE]`."""
+
+
+_EOF = _EndOfStream()
+
+
+class StreamOutcome:
+    """What the request log line needs to know about one relayed stream."""
+
+    __slots__ = ("status", "http_status", "first_byte_at", "client_left")
+
+    def __init__(self) -> None:
+        self.status = "in_progress"
+        self.http_status = 200
+        self.first_byte_at: float | None = None
+        self.client_left = False
+
+
+class DeferredHeadBody(ResponseBody):
+    """A response body that decides its status and headers after starting.
+
+    The HTTP layer enters the body, awaits `head()` and only then sends the
+    status line: the body may first wait (bounded) for its upstream's answer.
+    """
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        raise NotImplementedError
+
+
+class ResponseEventStream(DeferredHeadBody):
+    """A streamed `/v1/responses` body; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        backend: ChatBackend,
+        body: dict[str, Any],
+        translator: ResponseTranslator,
+        heartbeat_interval: float,
+        on_close: Callable[[StreamOutcome], None] | None = None,
+    ) -> None:
+        self._backend = backend
+        self._body = body
+        self._translator = translator
+        self._interval = heartbeat_interval
+        self._on_close = on_close
+        self.outcome = StreamOutcome()
+        self._nursery_cm: Any = None
+        self._out_recv: trio.MemoryReceiveChannel[bytes] | None = None
+        self._upstream_scope = trio.CancelScope()
+        self._heartbeat_scope = trio.CancelScope()
+        self._upstream_answered = trio.Event()
+        self._upstream_error: GatewayError | None = None
+        self._json_error: bytes | None = None
+        self._last_write = 0.0
+
+    # --- ResponseBody protocol ------------------------------------------------
+
+    async def __aenter__(self) -> ResponseEventStream:
+        self._last_write = trio.current_time()
+        self._nursery_cm = trio.open_nursery()
+        nursery = await self._nursery_cm.__aenter__()
+        chunk_send, chunk_recv = trio.open_memory_channel[Any](64)
+        out_send, out_recv = trio.open_memory_channel[bytes](256)
+        self._out_recv = out_recv
+        nursery.start_soon(self._run_upstream, chunk_send)
+        nursery.start_soon(self._run_heartbeat, out_send.clone())
+        nursery.start_soon(self._run_translator, chunk_recv, out_send)
+        return self
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        """Status and headers, decided before the first byte is sent.
+
+        Waits for the backend's answer at most one heartbeat interval: an
+        error status it gives by then (unknown model, context too long) is
+        passed on as that status; after that the stream is committed and a
+        later failure arrives as `error` + `response.failed`.
+        """
+        with trio.move_on_after(self._interval):
+            await self._upstream_answered.wait()
+        error = self._upstream_error
+        if isinstance(error, BackendStatusError) and 400 <= error.status < 500:
+            self._json_error = error_json(error)
+            self.outcome.http_status = error.status
+            self.outcome.status = "rejected"
+            return error.status, dict(_JSON_HEADERS)
+        return 200, dict(SSE_HEADERS)
+
+    def __aiter__(self) -> ResponseEventStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._json_error is not None:
+            data, self._json_error = self._json_error, b""
+            if not data:
+                raise StopAsyncIteration
+            return data
+        assert self._out_recv is not None
+        try:
+            first = await self._out_recv.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        # Coalesce whatever else is already queued into one write.
+        parts = [first]
+        receive_nowait = self._out_recv.receive_nowait
+        while True:
+            try:
+                parts.append(receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        now = trio.current_time()
+        self._last_write = now
+        if self.outcome.first_byte_at is None:
+            self.outcome.first_byte_at = now
+        return first if len(parts) == 1 else b"".join(parts)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is not None and issubclass(exc_type, trio.Cancelled):
+            self.outcome.client_left = True
+        # Everything useful has been sent (or the client left): stop the siblings.
+        self._nursery_cm_scope_cancel()
+        try:
+            await self._nursery_cm.__aexit__(exc_type, exc, tb)
+        finally:
+            if self._out_recv is not None:
+                self._out_recv.close()
+            if self._on_close is not None:
+                self._on_close(self.outcome)
+
+    def _nursery_cm_scope_cancel(self) -> None:
+        self._upstream_scope.cancel()
+        self._heartbeat_scope.cancel()
+
+    # --- siblings ----------------------------------------------------------------
+
+    async def _run_upstream(self, chunk_send: trio.MemorySendChannel[Any]) -> None:
+        async with chunk_send:
+            with self._upstream_scope:
+                try:
+                    async with self._backend.open_chat_stream(self._body) as upstream:
+                        self._upstream_answered.set()
+                        decoder = ChunkDecoder()
+                        async for data in upstream:
+                            batch = decoder.decode(data)
+                            if batch:
+                                await chunk_send.send(batch)
+                            if decoder.saw_done:
+                                return
+                        batch = decoder.flush()
+                        if batch:
+                            await chunk_send.send(batch)
+                        if not decoder.saw_done:
+                            await chunk_send.send(_EOF)
+                except GatewayError as error:
+                    self._upstream_error = error
+                    self._upstream_answered.set()
+                    await chunk_send.send(error)
+                except Exception:
+                    log.debug("upstream reader failed", exc_info=True)
+                    self._upstream_answered.set()
+                    await chunk_send.send(InternalError("the gateway failed while reading the backend"))
+
+    async def _run_translator(
+        self, chunk_recv: trio.MemoryReceiveChannel[Any], out_send: trio.MemorySendChannel[bytes]
+    ) -> None:
+        translator = self._translator
+        async with out_send, chunk_recv:
+            try:
+                await out_send.send(_encode(translator.start()))
+                async for message in chunk_recv:
+                    if isinstance(message, list):
+                        events: list[dict[str, Any]] = []
+                        for chunk in message:
+                            if chunk is DONE:
+                                events += translator.finish()
+                                break
+                            events += translator.feed(chunk)
+                    elif isinstance(message, GatewayError):
+                        events = _fail(translator, message)
+                    else:  # the backend hung up without [DONE]
+                        events = translator.finish() if translator.finish_reason else _fail(translator, _cut())
+                    if events:
+                        await out_send.send(_encode(events))
+                    if translator.done:
+                        break
+                if not translator.done:
+                    await out_send.send(_encode(_fail(translator, _cut())))
+            except Exception:
+                log.debug("translator failed", exc_info=True)
+                events = _fail(translator, InternalError("the gateway failed while translating the response"))
+                if events:
+                    await out_send.send(_encode(events))
+            finally:
+                self.outcome.status = translator.response.get("status", "failed")
+                self._upstream_scope.cancel()
+                self._heartbeat_scope.cancel()
+            await out_send.send(encode_done())
+
+    async def _run_heartbeat(self, out_send: trio.MemorySendChannel[bytes]) -> None:
+        comment = encode_comment()
+        async with out_send:
+            with self._heartbeat_scope:
+                while True:
+                    deadline = self._last_write + self._interval
+                    if trio.current_time() >= deadline:
+                        await out_send.send(comment)
+                        self._last_write = trio.current_time()
+                        continue
+                    await trio.sleep_until(deadline)
+
+
+def _cut() -> BackendStreamError:
+    return BackendStreamError(
+        "the backend closed the stream before finishing the response", code="backend_stream_ended"
+    )
+
+
+def _encode(events: list[dict[str, Any]]) -> bytes:
+    return b"".join([encode_event(event) for event in events])
+
+
+def _fail(translator: ResponseTranslator, error: GatewayError) -> list[dict[str, Any]]:
+    return translator.fail(error.code or "server_error", error.message, type=error.type, param=error.param)
+
+
+async def collect_response(backend: ChatBackend, body: dict[str, Any], translator: ResponseTranslator) -> dict[str, Any]:
+    """Run a whole chat stream through the translator; the final response.
+
+    Raises:
+        GatewayError: the backend refused (its 4xx), failed, timed out, or
+            reported an error inside the stream.
+    """
+    translator.start()
+    async with backend.open_chat_stream(body) as upstream:
+        decoder = ChunkDecoder()
+        async for data in upstream:
+            for chunk in decoder.decode(data):
+                if chunk is DONE:
+                    break
+                translator.feed(chunk)
+            if decoder.saw_done or translator.done:
+                break
+        else:
+            for chunk in decoder.flush():
+                if chunk is not DONE:
+                    translator.feed(chunk)
+    if not translator.done:
+        if decoder.saw_done or translator.finish_reason:
+            translator.finish()
+        else:
+            raise _cut()
+    response = translator.response
+    if response["status"] == "failed":
+        error = response.get("error") or {}
+        raise BackendStreamError(error.get("message") or "the backend reported an error", code=error.get("code"))
+    return response

@@ -1,0 +1,110 @@
+"""Server-sent events: an incremental decoder and the encoder.
+
+The decoder works on bytes: it splits lines on CR, LF and CRLF only (never on
+U+2028 or other Unicode separators, which may appear inside JSON strings;
+UTF-8 never puts CR or LF bytes inside a multi-byte character, so splitting
+bytes is safe), handles a CR at the end of one read and an LF at the start
+of the next, and caps the size of one event.  It knows nothing about what
+the events mean.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import orjson
+
+__all__ = ["SSEDecoder", "SSEEvent", "SSETooLarge", "encode_comment", "encode_done", "encode_event"]
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+class SSETooLarge(ValueError):
+    """One event grew past the decoder's limit."""
+
+
+@dataclass(slots=True)
+class SSEEvent:
+    event: str | None
+    data: bytes
+
+
+class SSEDecoder:
+    """Feed bytes with `decode`, get complete events; `flush` at end of input."""
+
+    def __init__(self, max_event_bytes: int = 16 * 1024 * 1024) -> None:
+        self._max = max_event_bytes
+        self._buffer = b""
+        self._data: list[bytes] = []
+        self._size = 0
+        self._event: str | None = None
+
+    def decode(self, chunk: bytes) -> list[SSEEvent]:
+        buffer = self._buffer + chunk if self._buffer else chunk
+        events: list[SSEEvent] = []
+        start = 0
+        end = len(buffer)
+        for match in _LINE_END.finditer(buffer):
+            # A CR as the very last byte may be the first half of a CRLF.
+            if match.group() == b"\r" and match.end() == end:
+                break
+            self._line(buffer[start : match.start()], events)
+            start = match.end()
+        rest = buffer[start:]
+        if len(rest) + self._size > self._max:
+            raise SSETooLarge(f"an event exceeded {self._max} bytes")
+        self._buffer = rest
+        return events
+
+    def flush(self) -> list[SSEEvent]:
+        """End of input: a last event without its blank line still counts."""
+        events: list[SSEEvent] = []
+        if self._buffer:
+            line, self._buffer = self._buffer.rstrip(b"\r"), b""
+            self._line(line, events)
+        self._dispatch(events)
+        return events
+
+    def _line(self, line: bytes, events: list[SSEEvent]) -> None:
+        if not line:
+            self._dispatch(events)
+            return
+        if line[0] == 0x3A:  # ':' comment
+            return
+        field, sep, value = line.partition(b":")
+        if sep and value[:1] == b" ":
+            value = value[1:]
+        if field == b"data":
+            self._size += len(value) + 1
+            if self._size > self._max:
+                raise SSETooLarge(f"an event exceeded {self._max} bytes")
+            self._data.append(value)
+        elif field == b"event":
+            self._event = value.decode("utf-8", "replace")
+        # id, retry and unknown fields do not matter to a relay of chat chunks.
+
+    def _dispatch(self, events: list[SSEEvent]) -> None:
+        if self._data:
+            data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
+            events.append(SSEEvent(self._event, data))
+        self._data = []
+        self._size = 0
+        self._event = None
+
+
+def encode_event(event: dict) -> bytes:
+    """One Responses event as a whole SSE frame: `event:` equals `data.type`.
+
+    orjson escapes nothing that could break a line: it never emits a raw CR
+    or LF inside a JSON document.
+    """
+    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def encode_comment(text: str = "keep-alive") -> bytes:
+    return b": " + text.encode() + b"\n\n"
+
+
+def encode_done() -> bytes:
+    return b"data: [DONE]\n\n"

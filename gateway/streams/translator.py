@@ -1,0 +1,526 @@
+"""Chat Completions chunks in, Responses events out: a pure state machine.
+
+This module owns everything about the Responses event stream: item ids
+(`msg_`, `rs_`, `fc_`; function-call item ids are distinct from call ids),
+`output_index`, `content_index`, `sequence_number` (contiguous from 0), every
+item and response status, and the one terminal event.
+
+It must not know about I/O, time or randomness: the clock and the id factory
+are injected, chunks arrive as already-decoded dicts, events leave as plain
+dicts (encoding them is the transport's job).  Calling it never raises for
+odd backend data; a protocol failure is reported to it through `fail()`.
+
+Life cycle:
+
+    t = ResponseTranslator(skeleton, ids=..., clock=...)
+    events = t.start()              # response.created, response.in_progress
+    events += t.feed(chunk)         # any number of times
+    events += t.finish()            # [DONE] or end of stream: the terminal event
+    # or: events += t.fail(code, message)   -> error + response.failed
+
+After the terminal event every call returns [] and `t.response` is final.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
+
+import orjson
+
+from ..errors import error_fields
+
+__all__ = ["ResponseTranslator", "random_id", "usage_from_chat"]
+
+Event = dict[str, Any]
+
+# finish_reason -> incomplete reason; anything not listed completes normally.
+_INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+_REASONING_EVENT_NAMES = {
+    "openai": ("response.reasoning_text.delta", "response.reasoning_text.done"),
+    "spec": ("response.reasoning.delta", "response.reasoning.done"),
+}
+
+
+def random_id(prefix: str) -> str:
+    """The default id factory: `prefix_` and 32 random hex digits."""
+    return f"{prefix}_{secrets.token_hex(16)}"
+
+
+def usage_from_chat(usage: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Map Chat Completions usage to the Responses `Usage` object."""
+    if not isinstance(usage, Mapping):
+        return None
+    input_tokens = _int(usage.get("prompt_tokens"))
+    output_tokens = _int(usage.get("completion_tokens"))
+    total = usage.get("total_tokens")
+    prompt_details = usage.get("prompt_tokens_details")
+    completion_details = usage.get("completion_tokens_details")
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "total_tokens": _int(total) if total is not None else input_tokens + output_tokens,
+        "input_tokens_details": {
+            "cached_tokens": _int(prompt_details.get("cached_tokens")) if isinstance(prompt_details, Mapping) else 0
+        },
+        "output_tokens_details": {
+            "reasoning_tokens": _int(completion_details.get("reasoning_tokens"))
+            if isinstance(completion_details, Mapping)
+            else 0
+        },
+    }
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class _Message:
+    __slots__ = ("index", "id", "parts", "kind", "chunks")
+
+    def __init__(self, index: int, item_id: str) -> None:
+        self.index = index
+        self.id = item_id
+        self.parts: list[dict[str, Any]] = []  # finished content parts
+        self.kind: str | None = None  # "output_text" | "refusal" while a part is open
+        self.chunks: list[str] = []
+
+
+class _Reasoning:
+    __slots__ = ("index", "id", "chunks")
+
+    def __init__(self, index: int, item_id: str) -> None:
+        self.index = index
+        self.id = item_id
+        self.chunks: list[str] = []
+
+
+class _Call:
+    __slots__ = ("index", "id", "call_id", "backend_id", "name", "chunks", "pending", "suppressed")
+
+    def __init__(self, backend_id: str | None) -> None:
+        self.index = -1  # output_index once the item is opened
+        self.id = ""
+        self.call_id = backend_id or ""
+        self.backend_id = backend_id
+        self.name = ""
+        self.chunks: list[str] = []
+        self.pending: list[str] = []  # argument fragments seen before the name
+        self.suppressed = False
+
+
+class ResponseTranslator:
+    """Translate one Chat Completions stream into one Responses event stream."""
+
+    def __init__(
+        self,
+        response: dict[str, Any],
+        *,
+        ids: Callable[[str], str] = random_id,
+        clock: Callable[[], float],
+        reasoning_events: Literal["openai", "spec"] = "openai",
+        allowed_tools: Iterable[str] | None = None,
+    ) -> None:
+        """`response` is the `ResponseResource` skeleton (id, echoed settings).
+
+        `allowed_tools`: when given, calls to any other function are suppressed
+        (tool_choice "none" passes an empty set, `allowed_tools` its subset).
+        """
+        self.response = response
+        self._ids = ids
+        self._clock = clock
+        self._reasoning_delta, self._reasoning_done = _REASONING_EVENT_NAMES[reasoning_events]
+        self._allowed = None if allowed_tools is None else frozenset(allowed_tools)
+        self._seq = 0
+        self._slots: list[dict[str, Any] | None] = []
+        self._message: _Message | None = None
+        self._reasoning: _Reasoning | None = None
+        self._calls: dict[Any, _Call] = {}  # current call per backend index
+        self._open_calls: list[_Call] = []
+        self._finish_reason: str | None = None
+        self._usage: Mapping[str, Any] | None = None
+        self.suppressed_calls: list[str] = []
+        self.started = False
+        self.done = False
+
+    # ------------------------------------------------------------------ API
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self._finish_reason
+
+    def start(self) -> list[Event]:
+        """The opening events: `response.created` then `response.in_progress`."""
+        if self.started:
+            return []
+        self.started = True
+        self.response["status"] = "in_progress"
+        return [
+            self._event("response.created", response=self._snapshot()),
+            self._event("response.in_progress", response=self._snapshot()),
+        ]
+
+    def feed(self, chunk: Any) -> list[Event]:
+        """Events for one decoded Chat Completions chunk."""
+        if self.done:
+            return []
+        events = self.start() if not self.started else []
+        if not isinstance(chunk, dict):
+            return events
+        error = chunk.get("error")
+        if error is not None and not chunk.get("choices"):
+            message, _type, code, _param = error_fields(chunk)
+            events += self.fail(code or "backend_stream_error", message or "the backend reported an error")
+            return events
+        usage = chunk.get("usage")
+        if usage:
+            self._usage = usage
+        choices = chunk.get("choices")
+        if not choices or not isinstance(choices, list):
+            return events
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            return events
+        delta = choice.get("delta") or choice.get("message")
+        if isinstance(delta, dict):
+            reasoning = delta.get("reasoning_content")
+            if reasoning is None:
+                reasoning = delta.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                self._on_reasoning(reasoning, events)
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                self._on_text("output_text", content, events)
+            refusal = delta.get("refusal")
+            if isinstance(refusal, str) and refusal:
+                self._on_text("refusal", refusal, events)
+            tool_calls = delta.get("tool_calls")
+            if isinstance(tool_calls, list):
+                for call in tool_calls:
+                    if isinstance(call, dict):
+                        self._on_tool_call(call, events)
+            function_call = delta.get("function_call")
+            if isinstance(function_call, dict):
+                self._on_tool_call({"index": "legacy", "function": function_call}, events)
+        finish_reason = choice.get("finish_reason")
+        if isinstance(finish_reason, str) and finish_reason:
+            self._finish_reason = finish_reason
+        return events
+
+    def feed_all(self, chunks: Iterable[Any]) -> list[Event]:
+        events: list[Event] = []
+        for chunk in chunks:
+            events += self.feed(chunk)
+        return events
+
+    def finish(self) -> list[Event]:
+        """The backend's stream is over ([DONE], or ended after a finish_reason)."""
+        if self.done:
+            return []
+        events = self.start() if not self.started else []
+        reason = _INCOMPLETE_REASONS.get(self._finish_reason or "")
+        item_status = "incomplete" if reason else "completed"
+        self._close_all(item_status, events)
+        response = self.response
+        response["output"] = self._final_output()
+        response["usage"] = usage_from_chat(self._usage)
+        if reason:
+            response["status"] = "incomplete"
+            response["incomplete_details"] = {"reason": reason}
+            events.append(self._event("response.incomplete", response=self._snapshot()))
+        else:
+            response["status"] = "completed"
+            response["completed_at"] = int(self._clock())
+            events.append(self._event("response.completed", response=self._snapshot()))
+        self.done = True
+        return events
+
+    def fail(self, code: str, message: str, *, type: str = "server_error", param: str | None = None) -> list[Event]:
+        """End with an `error` event and `response.failed`; open items become incomplete."""
+        if self.done:
+            return []
+        events = self.start() if not self.started else []
+        self._close_all("incomplete", events)
+        error = {"type": type, "code": code, "message": message, "param": param}
+        # The spec nests the payload under "error"; OpenAI's SDKs read the
+        # same fields at the top level.  Both are sent.
+        events.append(self._event("error", error=error, code=code, message=message, param=param))
+        response = self.response
+        response["output"] = self._final_output()
+        response["usage"] = usage_from_chat(self._usage)
+        response["status"] = "failed"
+        response["error"] = {"code": code, "message": message}
+        events.append(self._event("response.failed", response=self._snapshot()))
+        self.done = True
+        return events
+
+    # ------------------------------------------------------------ internals
+
+    def _event(self, type_: str, **fields: Any) -> Event:
+        event = {"type": type_, "sequence_number": self._seq}
+        event.update(fields)
+        self._seq += 1
+        return event
+
+    def _snapshot(self) -> dict[str, Any]:
+        snapshot = dict(self.response)
+        snapshot["output"] = list(snapshot.get("output") or ())
+        return snapshot
+
+    def _new_slot(self) -> int:
+        self._slots.append(None)
+        return len(self._slots) - 1
+
+    def _final_output(self) -> list[dict[str, Any]]:
+        return [item for item in self._slots if item is not None]
+
+    # reasoning ---------------------------------------------------------
+
+    def _on_reasoning(self, text: str, events: list[Event]) -> None:
+        item = self._reasoning
+        if item is None:
+            self._close_message("completed", events)
+            item = self._reasoning = _Reasoning(self._new_slot(), self._ids("rs"))
+            events.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=item.index,
+                    item={"id": item.id, "type": "reasoning", "summary": [], "content": []},
+                )
+            )
+            events.append(
+                self._event(
+                    "response.content_part.added",
+                    item_id=item.id,
+                    output_index=item.index,
+                    content_index=0,
+                    part={"type": "reasoning_text", "text": ""},
+                )
+            )
+        item.chunks.append(text)
+        events.append(
+            self._event(
+                self._reasoning_delta, item_id=item.id, output_index=item.index, content_index=0, delta=text
+            )
+        )
+
+    def _close_reasoning(self, events: list[Event]) -> None:
+        item = self._reasoning
+        if item is None:
+            return
+        self._reasoning = None
+        text = "".join(item.chunks)
+        part = {"type": "reasoning_text", "text": text}
+        events.append(
+            self._event(self._reasoning_done, item_id=item.id, output_index=item.index, content_index=0, text=text)
+        )
+        events.append(
+            self._event(
+                "response.content_part.done", item_id=item.id, output_index=item.index, content_index=0, part=part
+            )
+        )
+        done = {"id": item.id, "type": "reasoning", "summary": [], "content": [part]}
+        self._slots[item.index] = done
+        events.append(self._event("response.output_item.done", output_index=item.index, item=_copy_item(done)))
+
+    # message text and refusal -------------------------------------------
+
+    def _on_text(self, kind: str, text: str, events: list[Event]) -> None:
+        self._close_reasoning(events)
+        message = self._message
+        if message is None:
+            message = self._message = _Message(self._new_slot(), self._ids("msg"))
+            events.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=message.index,
+                    item={
+                        "id": message.id,
+                        "type": "message",
+                        "status": "in_progress",
+                        "role": "assistant",
+                        "content": [],
+                    },
+                )
+            )
+        if message.kind != kind:
+            self._close_part(message, events)
+            message.kind = kind
+            events.append(
+                self._event(
+                    "response.content_part.added",
+                    item_id=message.id,
+                    output_index=message.index,
+                    content_index=len(message.parts),
+                    part=_part(kind, ""),
+                )
+            )
+        message.chunks.append(text)
+        if kind == "output_text":
+            events.append(
+                self._event(
+                    "response.output_text.delta",
+                    item_id=message.id,
+                    output_index=message.index,
+                    content_index=len(message.parts),
+                    delta=text,
+                    logprobs=[],
+                )
+            )
+        else:
+            events.append(
+                self._event(
+                    "response.refusal.delta",
+                    item_id=message.id,
+                    output_index=message.index,
+                    content_index=len(message.parts),
+                    delta=text,
+                )
+            )
+
+    def _close_part(self, message: _Message, events: list[Event]) -> None:
+        kind = message.kind
+        if kind is None:
+            return
+        text = "".join(message.chunks)
+        index = len(message.parts)
+        common = {"item_id": message.id, "output_index": message.index, "content_index": index}
+        if kind == "output_text":
+            events.append(self._event("response.output_text.done", **common, text=text, logprobs=[]))
+        else:
+            events.append(self._event("response.refusal.done", **common, refusal=text))
+        part = _part(kind, text)
+        events.append(self._event("response.content_part.done", **common, part=dict(part)))
+        message.parts.append(part)
+        message.kind = None
+        message.chunks = []
+
+    def _close_message(self, status: str, events: list[Event]) -> None:
+        message = self._message
+        if message is None:
+            return
+        self._message = None
+        self._close_part(message, events)
+        done = {
+            "id": message.id,
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": message.parts,
+        }
+        self._slots[message.index] = done
+        events.append(self._event("response.output_item.done", output_index=message.index, item=_copy_item(done)))
+
+    # tool calls ---------------------------------------------------------
+
+    def _on_tool_call(self, delta: dict[str, Any], events: list[Event]) -> None:
+        key = delta.get("index", 0)
+        backend_id = delta.get("id") or None
+        function = delta.get("function") if isinstance(delta.get("function"), dict) else {}
+        call = self._calls.get(key)
+        if call is None or (backend_id is not None and call.backend_id is not None and backend_id != call.backend_id):
+            # A new call; a backend that puts every call at index 0 is told
+            # apart by the call id.
+            call = self._calls[key] = _Call(backend_id)
+        elif backend_id is not None and call.backend_id is None:
+            call.backend_id = call.call_id = backend_id
+        name = function.get("name")
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = "" if arguments is None else _json_text(arguments)
+        if call.index < 0 and not call.suppressed:
+            if isinstance(name, str) and name:
+                call.name += name
+            if not call.name:
+                if arguments:
+                    call.pending.append(arguments)
+                return
+            if self._allowed is not None and call.name not in self._allowed:
+                call.suppressed = True
+                self.suppressed_calls.append(call.name)
+                return
+            self._open_call(call, events)
+            if call.pending:
+                arguments = "".join(call.pending) + arguments
+                call.pending = []
+        if call.suppressed or not arguments:
+            return
+        call.chunks.append(arguments)
+        events.append(
+            self._event(
+                "response.function_call_arguments.delta", item_id=call.id, output_index=call.index, delta=arguments
+            )
+        )
+
+    def _open_call(self, call: _Call, events: list[Event]) -> None:
+        self._close_reasoning(events)
+        self._close_message("completed", events)
+        call.index = self._new_slot()
+        call.id = self._ids("fc")
+        if not call.call_id:
+            call.call_id = self._ids("call")
+        self._open_calls.append(call)
+        events.append(
+            self._event(
+                "response.output_item.added",
+                output_index=call.index,
+                item={
+                    "id": call.id,
+                    "type": "function_call",
+                    "status": "in_progress",
+                    "call_id": call.call_id,
+                    "name": call.name,
+                    "arguments": "",
+                },
+            )
+        )
+
+    def _close_call(self, call: _Call, status: str, events: list[Event]) -> None:
+        arguments = "".join(call.chunks)
+        events.append(
+            self._event(
+                "response.function_call_arguments.done",
+                item_id=call.id,
+                output_index=call.index,
+                name=call.name,
+                arguments=arguments,
+            )
+        )
+        done = {
+            "id": call.id,
+            "type": "function_call",
+            "status": status,
+            "call_id": call.call_id,
+            "name": call.name,
+            "arguments": arguments,
+        }
+        self._slots[call.index] = done
+        events.append(self._event("response.output_item.done", output_index=call.index, item=dict(done)))
+
+    def _close_all(self, status: str, events: list[Event]) -> None:
+        """Close whatever is open, in output order."""
+        self._close_reasoning(events)  # reasoning interrupted still carries its text
+        self._close_message(status, events)
+        for call in self._open_calls:
+            self._close_call(call, status, events)
+        self._open_calls = []
+        self._calls = {}
+
+
+def _part(kind: str, text: str) -> dict[str, Any]:
+    if kind == "output_text":
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "refusal", "refusal": text}
+
+
+def _copy_item(item: dict[str, Any]) -> dict[str, Any]:
+    copy = dict(item)
+    if "content" in copy:
+        copy["content"] = [dict(part) for part in copy["content"]]
+    return copy
+
+
+def _json_text(value: Any) -> str:
+    return orjson.dumps(value).decode()

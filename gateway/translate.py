@@ -1,0 +1,509 @@
+"""Responses request -> Chat Completions request, and the response skeleton.
+
+Pure functions: no I/O, no clock (the caller passes the id and timestamp).
+Decides how every field of `CreateResponseBody` reaches a Chat Completions
+backend, and what the response object echoes back.  It must not know how
+the backend is reached or how events are transported.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidRequest
+from .wire import (
+    CreateResponseRequest,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputFile,
+    InputImage,
+    InputText,
+    ItemReference,
+    MessageItem,
+    OutputText,
+    ReasoningItem,
+    Refusal,
+)
+
+__all__ = ["ChatPlan", "TranslateOptions", "plan_chat_request"]
+
+log = logging.getLogger("gateway.translate")
+
+# Hosted tool types a chat backend cannot run; skipped with one warning.
+_ROLE_FOR_CHAT = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+
+
+@dataclass(frozen=True, slots=True)
+class TranslateOptions:
+    """Backend capabilities the translation depends on."""
+
+    forward_reasoning_content: bool = True
+
+
+@dataclass(slots=True)
+class ChatPlan:
+    """What to send to the backend, and what the response starts as."""
+
+    body: dict[str, Any]
+    response: dict[str, Any]
+    allowed_tools: frozenset[str] | None = None
+    skipped_tools: list[str] = field(default_factory=list)
+
+
+def plan_chat_request(
+    req: CreateResponseRequest,
+    *,
+    response_id: str,
+    created_at: int,
+    options: TranslateOptions = TranslateOptions(),
+) -> ChatPlan:
+    """Translate a validated request.
+
+    Raises:
+        InvalidRequest: the request is well-typed but cannot be served
+            (no model, a tool_choice naming an unknown function, an input
+            item type that needs stored state, ...).
+    """
+    if not req.model:
+        raise InvalidRequest("Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
+
+    messages = _instructions(req.instructions, options) + _input_messages(req.input, options)
+    if not messages:
+        raise InvalidRequest("The request has no input.", param="input", code="missing_required_parameter")
+
+    body: dict[str, Any] = {
+        "model": req.model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    chat_tools, echo_tools, skipped = _tools(req.tools)
+    tool_choice_echo: Any = "auto"
+    allowed: frozenset[str] | None = None
+    if chat_tools:
+        names = [t["function"]["name"] for t in chat_tools]
+        choice, tool_choice_echo, allowed, subset = _tool_choice(req.tool_choice, names)
+        if subset is not None:
+            chat_tools = [t for t in chat_tools if t["function"]["name"] in subset]
+        body["tools"] = chat_tools
+        if choice is not None:
+            body["tool_choice"] = choice
+        if req.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = req.parallel_tool_calls
+    elif req.tool_choice is not None:
+        # Validate the value even when there is nothing to choose from.
+        _tool_choice(req.tool_choice, [], require_known=False)
+        if req.tool_choice == "none" or (isinstance(req.tool_choice, dict) and req.tool_choice.get("mode") == "none"):
+            tool_choice_echo = "none"
+
+    text_format = req.text.format if req.text is not None else None
+    response_format = _response_format(text_format)
+    if response_format is not None:
+        body["response_format"] = response_format
+    if req.max_output_tokens is not None:
+        body["max_tokens"] = req.max_output_tokens
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None:
+            body[name] = value
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    if isinstance(effort, str) and effort:
+        body["reasoning_effort"] = effort
+
+    response = _skeleton(req, response_id, created_at, echo_tools, tool_choice_echo, text_format)
+    return ChatPlan(body=body, response=response, allowed_tools=allowed, skipped_tools=skipped)
+
+
+# --- messages --------------------------------------------------------------------
+
+
+def _instructions(instructions: Any, options: TranslateOptions) -> list[dict[str, Any]]:
+    if instructions is None or instructions == "":
+        return []
+    if isinstance(instructions, str):
+        return [{"role": "system", "content": instructions}]
+    return _input_messages(instructions, options, where="instructions")
+
+
+def _input_messages(items: Any, options: TranslateOptions, where: str = "input") -> list[dict[str, Any]]:
+    if items is None:
+        return []
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    builder = _MessageBuilder(options)
+    for index, item in enumerate(items):
+        param = f"{where}[{index}]"
+        if isinstance(item, MessageItem):
+            builder.message(item, param)
+        elif isinstance(item, FunctionCallItem):
+            builder.function_call(item)
+        elif isinstance(item, FunctionCallOutputItem):
+            builder.function_call_output(item, param)
+        elif isinstance(item, ReasoningItem):
+            builder.reasoning(item)
+        elif isinstance(item, ItemReference):
+            raise InvalidRequest(
+                f"Item '{item.id}' referenced by '{param}' was not found.", param=param, code="item_not_found"
+            )
+        else:
+            raise InvalidRequest(
+                f"Input items of type '{item.type}' are not supported by this gateway.",
+                param=f"{param}.type",
+                code="unsupported_item_type",
+            )
+    return builder.finish()
+
+
+class _MessageBuilder:
+    """Accumulates chat messages; keeps tool results next to their calls."""
+
+    def __init__(self, options: TranslateOptions) -> None:
+        self.options = options
+        self.messages: list[dict[str, Any]] = []
+        self.pending_reasoning: list[str] = []
+        self.call_owner: dict[str, dict[str, Any]] = {}  # call_id -> assistant message
+
+    def _take_reasoning(self, message: dict[str, Any]) -> None:
+        if self.pending_reasoning and self.options.forward_reasoning_content:
+            message["reasoning_content"] = "\n".join(self.pending_reasoning)
+        self.pending_reasoning = []
+
+    def message(self, item: MessageItem, param: str) -> None:
+        role = _ROLE_FOR_CHAT[item.role]
+        if role == "assistant":
+            text, refusal = _assistant_content(item.content)
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if refusal:
+                message["refusal"] = refusal
+            self._take_reasoning(message)
+        else:
+            message = {"role": role, "content": _user_content(item.content, param, allow_media=role == "user")}
+        self.messages.append(message)
+
+    def function_call(self, item: FunctionCallItem) -> None:
+        last = self.messages[-1] if self.messages else None
+        call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+        if last is not None and last["role"] == "assistant" and not self.pending_reasoning:
+            last.setdefault("tool_calls", []).append(call)
+            if last.get("content") == "":
+                last["content"] = None
+            target = last
+        else:
+            target = {"role": "assistant", "content": None, "tool_calls": [call]}
+            self._take_reasoning(target)
+            self.messages.append(target)
+        self.call_owner[item.call_id] = target
+
+    def function_call_output(self, item: FunctionCallOutputItem, param: str) -> None:
+        output = item.output if isinstance(item.output, str) else _text_of_parts(item.output, param)
+        if item.call_id not in self.call_owner:
+            # A result for a call this request does not show: give the
+            # backend the call it needs so that the tool message is valid.
+            name = getattr(item, "name", None) or "function"
+            synthetic = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+                ],
+            }
+            self.messages.append(synthetic)
+            self.call_owner[item.call_id] = synthetic
+        self.messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+
+    def reasoning(self, item: ReasoningItem) -> None:
+        parts = item.content or item.summary
+        text = "".join(p.text for p in parts if isinstance(p, OutputText))
+        if text:
+            self.pending_reasoning.append(text)
+
+    def finish(self) -> list[dict[str, Any]]:
+        return _order_tool_results(self.messages)
+
+
+def _order_tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Place each tool result right after the assistant message that made the call.
+
+    Stateless clients replay history in their own order; strict backends
+    reject a tool message that does not follow its `tool_calls`.  Duplicate
+    results for one call keep the first.
+    """
+    results: dict[str, dict[str, Any]] = {}
+    for message in messages:
+        if message["role"] == "tool":
+            results.setdefault(message["tool_call_id"], message)
+    if not results:
+        return messages
+    ordered: list[dict[str, Any]] = []
+    for message in messages:
+        if message["role"] == "tool":
+            continue
+        ordered.append(message)
+        for call in message.get("tool_calls") or ():
+            result = results.pop(call["id"], None)
+            if result is not None:
+                ordered.append(result)
+    return ordered
+
+
+def _assistant_content(content: Any) -> tuple[str, str | None]:
+    if isinstance(content, str):
+        return content, None
+    texts: list[str] = []
+    refusals: list[str] = []
+    for part in content:
+        if isinstance(part, OutputText):
+            texts.append(part.text)
+        elif isinstance(part, Refusal):
+            refusals.append(part.refusal)
+        elif isinstance(part, InputText):
+            texts.append(part.text)
+    return "".join(texts), ("".join(refusals) or None)
+
+
+def _user_content(content: Any, param: str, *, allow_media: bool) -> Any:
+    if isinstance(content, str):
+        return content
+    parts: list[dict[str, Any]] = []
+    for index, part in enumerate(content):
+        where = f"{param}.content[{index}]"
+        if isinstance(part, (InputText, OutputText)):
+            parts.append({"type": "text", "text": part.text})
+        elif isinstance(part, InputImage) and allow_media:
+            if not part.image_url:
+                raise InvalidRequest(
+                    "input_image needs an image_url (file ids are not supported by this gateway).",
+                    param=f"{where}.image_url",
+                    code="invalid_value",
+                )
+            image: dict[str, Any] = {"url": part.image_url}
+            if part.detail:
+                image["detail"] = part.detail
+            parts.append({"type": "image_url", "image_url": image})
+        elif isinstance(part, InputFile) and allow_media:
+            if not part.file_data:
+                raise InvalidRequest(
+                    "input_file needs file_data: Chat Completions backends cannot fetch file_url or file_id.",
+                    param=f"{where}.file_data",
+                    code="invalid_value",
+                )
+            file: dict[str, Any] = {"file_data": part.file_data}
+            if part.filename:
+                file["filename"] = part.filename
+            parts.append({"type": "file", "file": file})
+        else:
+            kind = getattr(part, "type", "?")
+            raise InvalidRequest(
+                f"Content parts of type '{kind}' are not allowed here.", param=f"{where}.type", code="invalid_value"
+            )
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
+
+
+def _text_of_parts(parts: list[Any], param: str) -> Any:
+    if all(isinstance(p, (InputText, OutputText)) for p in parts):
+        return "\n".join(p.text for p in parts)
+    return _user_content(parts, param, allow_media=True)
+
+
+# --- tools -----------------------------------------------------------------------
+
+
+def _tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    chat: list[dict[str, Any]] = []
+    echo: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for index, tool in enumerate(tools or ()):
+        kind = tool.get("type")
+        if kind != "function":
+            skipped.append(str(kind))
+            continue
+        spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool  # chat-style too
+        name = spec.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(
+                f"Missing required parameter: 'tools[{index}].name'.",
+                param=f"tools[{index}].name",
+                code="missing_required_parameter",
+            )
+        parameters = spec.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise InvalidRequest(
+                f"Invalid value for 'tools[{index}].parameters': expected an object.",
+                param=f"tools[{index}].parameters",
+                code="invalid_type",
+            )
+        function: dict[str, Any] = {
+            "name": name,
+            "parameters": parameters if parameters is not None else {"type": "object", "properties": {}},
+        }
+        description = spec.get("description")
+        if isinstance(description, str):
+            function["description"] = description
+        strict = spec.get("strict")
+        if isinstance(strict, bool):
+            function["strict"] = strict
+        chat.append({"type": "function", "function": function})
+        echo.append(
+            {
+                "type": "function",
+                "name": name,
+                "description": description if isinstance(description, str) else None,
+                "parameters": parameters,
+                "strict": strict if isinstance(strict, bool) else None,
+            }
+        )
+    if skipped:
+        log.warning("skipped tools the backend cannot serve: %s", ", ".join(sorted(set(skipped))))
+    return chat, echo, skipped
+
+
+def _tool_choice(
+    choice: Any, names: list[str], *, require_known: bool = True
+) -> tuple[Any, Any, frozenset[str] | None, frozenset[str] | None]:
+    """(chat tool_choice, echoed tool_choice, allowed call names, tool subset to send)."""
+    if choice is None:
+        return None, "auto", None, None
+    if isinstance(choice, str):
+        if choice == "none":
+            return "none", "none", frozenset(), None
+        if choice in ("auto", "required"):
+            return choice, choice, None, None
+        raise InvalidRequest(
+            f"Invalid value for 'tool_choice': '{choice}'. Expected 'none', 'auto', 'required' or an object.",
+            param="tool_choice",
+            code="invalid_value",
+        )
+    kind = choice.get("type")
+    if kind == "function":
+        name = choice.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(
+                "Missing required parameter: 'tool_choice.name'.", param="tool_choice.name", code="missing_required_parameter"
+            )
+        if require_known and name not in names:
+            raise InvalidRequest(
+                f"Tool choice '{name}' not found in 'tools' parameter.", param="tool_choice", code="invalid_value"
+            )
+        return {"type": "function", "function": {"name": name}}, {"type": "function", "name": name}, frozenset([name]), None
+    if kind == "allowed_tools":
+        mode = choice.get("mode", "auto")
+        if mode not in ("none", "auto", "required"):
+            raise InvalidRequest(
+                f"Invalid value for 'tool_choice.mode': '{mode}'.", param="tool_choice.mode", code="invalid_value"
+            )
+        entries = choice.get("tools")
+        if not isinstance(entries, list) or not entries:
+            raise InvalidRequest(
+                "'tool_choice.tools' must list at least one tool.", param="tool_choice.tools", code="invalid_value"
+            )
+        subset: list[str] = []
+        for index, entry in enumerate(entries):
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if isinstance(entry, dict) and isinstance(entry.get("function"), dict):
+                name = entry["function"].get("name")
+            if not isinstance(name, str) or (require_known and name not in names):
+                raise InvalidRequest(
+                    f"Allowed tool '{name}' not found in 'tools' parameter.",
+                    param=f"tool_choice.tools[{index}]",
+                    code="invalid_value",
+                )
+            subset.append(name)
+        echo = {"type": "allowed_tools", "mode": mode, "tools": [{"type": "function", "name": n} for n in subset]}
+        allowed = frozenset() if mode == "none" else frozenset(subset)
+        return mode, echo, allowed, frozenset(subset)
+    raise InvalidRequest(
+        f"Invalid value for 'tool_choice.type': '{kind}'.", param="tool_choice.type", code="invalid_value"
+    )
+
+
+# --- output format and echo ------------------------------------------------------
+
+
+def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not fmt:
+        return None
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = fmt.get("schema")
+        if not isinstance(schema, dict):
+            raise InvalidRequest(
+                "Missing required parameter: 'text.format.schema'.",
+                param="text.format.schema",
+                code="missing_required_parameter",
+            )
+        json_schema: dict[str, Any] = {"name": fmt.get("name") or "response", "schema": schema}
+        if isinstance(fmt.get("strict"), bool):
+            json_schema["strict"] = fmt["strict"]
+        if isinstance(fmt.get("description"), str):
+            json_schema["description"] = fmt["description"]
+        return {"type": "json_schema", "json_schema": json_schema}
+    raise InvalidRequest(f"Invalid value for 'text.format.type': '{kind}'.", param="text.format.type", code="invalid_value")
+
+
+def _skeleton(
+    req: CreateResponseRequest,
+    response_id: str,
+    created_at: int,
+    tools: list[dict[str, Any]],
+    tool_choice: Any,
+    text_format: dict[str, Any] | None,
+) -> dict[str, Any]:
+    if text_format and text_format.get("type") == "json_schema":
+        fmt: dict[str, Any] = {
+            "type": "json_schema",
+            "name": text_format.get("name") or "response",
+            "description": text_format.get("description"),
+            "schema": text_format.get("schema"),
+            "strict": bool(text_format.get("strict")),
+        }
+    elif text_format and text_format.get("type") == "json_object":
+        fmt = {"type": "json_object"}
+    else:
+        fmt = {"type": "text"}
+    text: dict[str, Any] = {"format": fmt}
+    if req.text is not None and req.text.verbosity:
+        text["verbosity"] = req.text.verbosity
+    reasoning = None
+    if req.reasoning is not None and (req.reasoning.effort is not None or req.reasoning.summary is not None):
+        reasoning = {"effort": req.reasoning.effort, "summary": req.reasoning.summary}
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "completed_at": None,
+        "status": "in_progress",
+        "incomplete_details": None,
+        "model": req.model,
+        "previous_response_id": req.previous_response_id,
+        "instructions": req.instructions if isinstance(req.instructions, str) else None,
+        "output": [],
+        "error": None,
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "truncation": req.truncation or "disabled",
+        "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
+        "text": text,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "presence_penalty": 0.0 if req.presence_penalty is None else req.presence_penalty,
+        "frequency_penalty": 0.0 if req.frequency_penalty is None else req.frequency_penalty,
+        "top_logprobs": 0 if req.top_logprobs is None else req.top_logprobs,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "reasoning": reasoning,
+        "usage": None,
+        "max_output_tokens": req.max_output_tokens,
+        "max_tool_calls": req.max_tool_calls,
+        "store": True if req.store is None else req.store,
+        "background": bool(req.background),
+        "service_tier": req.service_tier or "default",
+        "metadata": req.metadata or {},
+        "safety_identifier": req.safety_identifier,
+        "prompt_cache_key": req.prompt_cache_key,
+    }

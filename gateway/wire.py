@@ -1,0 +1,287 @@
+"""Wire models: what clients may send, in one place.
+
+Inbound models accept unknown fields (clients send more than the spec names)
+and are only as strict as needed to give a clear 400 naming the parameter.
+Outbound objects are plain dicts built by the translator: the hot path does
+not validate per event.  `TypeAdapter`s are built once, at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
+
+from .errors import InvalidRequest
+
+__all__ = [
+    "AssistantPart",
+    "CreateResponseRequest",
+    "FunctionCallItem",
+    "FunctionCallOutputItem",
+    "InputItem",
+    "ItemReference",
+    "MessageItem",
+    "OtherItem",
+    "ReasoningItem",
+    "parse_create_request",
+]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# --- content parts -----------------------------------------------------------
+
+
+class InputText(_Open):
+    type: Literal["input_text"]
+    text: str
+
+
+class InputImage(_Open):
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+
+class InputFile(_Open):
+    type: Literal["input_file"]
+    filename: str | None = None
+    file_data: str | None = None
+    file_url: str | None = None
+    file_id: str | None = None
+
+
+class OutputText(_Open):
+    type: Literal["output_text", "text", "summary_text", "reasoning_text"]
+    text: str
+
+
+class Refusal(_Open):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class OtherPart(_Open):
+    type: str
+
+
+def _part_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind == "input_text":
+        return "input_text"
+    if kind == "input_image":
+        return "input_image"
+    if kind == "input_file":
+        return "input_file"
+    if kind in ("output_text", "text", "summary_text", "reasoning_text"):
+        return "output_text"
+    if kind == "refusal":
+        return "refusal"
+    return "other"
+
+
+ContentPart = Annotated[
+    Union[
+        Annotated[InputText, Tag("input_text")],
+        Annotated[InputImage, Tag("input_image")],
+        Annotated[InputFile, Tag("input_file")],
+        Annotated[OutputText, Tag("output_text")],
+        Annotated[Refusal, Tag("refusal")],
+        Annotated[OtherPart, Tag("other")],
+    ],
+    Discriminator(_part_tag),
+]
+AssistantPart = OutputText | Refusal
+
+
+# --- input items -------------------------------------------------------------
+
+
+class MessageItem(_Open):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[ContentPart]
+    id: str | None = None
+    status: str | None = None
+    phase: str | None = None
+
+
+class FunctionCallItem(_Open):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str = ""
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Open):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[ContentPart]
+    id: str | None = None
+    status: str | None = None
+
+
+class ReasoningItem(_Open):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ContentPart] = []
+    content: list[ContentPart] | None = None
+    encrypted_content: str | None = None
+
+
+class ItemReference(_Open):
+    type: Literal["item_reference"] | None = "item_reference"
+    id: str
+
+
+class OtherItem(_Open):
+    type: str
+
+
+def _item_tag(value: Any) -> str:
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if kind is None:
+            return "message" if "role" in value else "item_reference" if "id" in value else "message"
+    else:
+        kind = getattr(value, "type", None)
+    if kind in ("message", "function_call", "function_call_output", "reasoning", "item_reference"):
+        return kind
+    return "other"
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[MessageItem, Tag("message")],
+        Annotated[FunctionCallItem, Tag("function_call")],
+        Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+        Annotated[ReasoningItem, Tag("reasoning")],
+        Annotated[ItemReference, Tag("item_reference")],
+        Annotated[OtherItem, Tag("other")],
+    ],
+    Discriminator(_item_tag),
+]
+
+
+# --- the request ---------------------------------------------------------------
+
+
+class ReasoningParam(_Open):
+    effort: str | None = None
+    summary: str | None = None
+
+
+class TextParam(_Open):
+    format: dict[str, Any] | None = None
+    verbosity: str | None = None
+
+
+class CreateResponseRequest(_Open):
+    """`CreateResponseBody` of the Open Responses specification, leniently."""
+
+    model: str | None = None
+    input: str | list[InputItem] | None = None
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    text: TextParam | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    parallel_tool_calls: bool | None = None
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    background: bool | None = False
+    max_output_tokens: int | None = Field(None, ge=16)
+    max_tool_calls: int | None = Field(None, ge=1)
+    reasoning: ReasoningParam | None = None
+    safety_identifier: str | None = Field(None, max_length=64)
+    prompt_cache_key: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    instructions: str | list[InputItem] | None = None
+    store: bool | None = True
+    service_tier: str | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    user: str | None = None
+
+
+_REQUEST = TypeAdapter(CreateResponseRequest)
+
+
+def parse_create_request(body: bytes) -> CreateResponseRequest:
+    """Decode and validate a `POST /v1/responses` body.
+
+    Raises:
+        InvalidRequest: malformed JSON, or a field of the wrong type; the
+            error's `param` names the field (`input[2].content`).
+    """
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("the request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the request body must be a JSON object", code="invalid_json")
+    try:
+        return _REQUEST.validate_python(data)
+    except ValidationError as exc:
+        raise invalid_request_from_pydantic(exc) from None
+
+
+def invalid_request_from_pydantic(exc: ValidationError) -> InvalidRequest:
+    """One clear 400 from pydantic's errors, without pydantic's wording of internals."""
+    err = _most_specific(exc.errors())
+    param = _param_name(err["loc"])
+    kind = err["type"]
+    if kind == "missing":
+        message = f"Missing required parameter: '{param}'."
+        code = "missing_required_parameter"
+    elif kind in ("extra_forbidden",):
+        message = f"Unknown parameter: '{param}'."
+        code = "unknown_parameter"
+    else:
+        message = f"Invalid value for '{param}': {err['msg']}."
+        code = "invalid_value" if kind in _VALUE_ERRORS else "invalid_type"
+    return InvalidRequest(message, param=param, code=code)
+
+
+def _most_specific(errors: list[Any]) -> Any:
+    # Each member of a union reports its own failure; the deepest location
+    # is the one that names what the client got wrong.
+    return max(errors, key=lambda e: len(_param_parts(e["loc"])))
+
+
+_VALUE_ERRORS = frozenset(("greater_than_equal", "less_than_equal", "greater_than", "less_than", "literal_error", "string_too_long", "string_too_short", "too_long", "too_short"))
+_UNION_MEMBER_NAMES = frozenset(("str", "int", "float", "bool", "none", "dict", "list"))
+
+
+def _param_parts(loc: tuple[Any, ...]) -> list[Any]:
+    parts: list[Any] = []
+    after_index = False
+    for part in loc:
+        if isinstance(part, int):
+            parts.append(part)
+            after_index = True
+            continue
+        if after_index or part in _UNION_MEMBER_NAMES or "[" in part:
+            # a union member's tag (after a list index) or a union branch name
+            after_index = False
+            continue
+        parts.append(part)
+    return parts
+
+
+def _param_name(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in _param_parts(loc):
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out or "body"

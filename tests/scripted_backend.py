@@ -1,0 +1,309 @@
+"""A scripted Chat Completions server for tests: a real ASGI app on hypercorn.
+
+The model name picks the scenario.  The server records every request it
+receives and when each streaming client went away, so tests can assert what
+the gateway sent upstream and that it hung up.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+USAGE = {
+    "prompt_tokens": 11,
+    "completion_tokens": 7,
+    "total_tokens": 18,
+    "prompt_tokens_details": {"cached_tokens": 3},
+    "completion_tokens_details": {"reasoning_tokens": 2},
+}
+
+
+def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta or {}, "finish_reason": finish}
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice], **extra}
+
+
+def usage_chunk() -> dict[str, Any]:
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [], "usage": USAGE}
+
+
+def call_delta(index: int, *, id: str | None = None, name: str | None = None, args: str | None = None) -> dict[str, Any]:
+    function: dict[str, Any] = {}
+    if name is not None:
+        function["name"] = name
+    if args is not None:
+        function["arguments"] = args
+    call: dict[str, Any] = {"index": index, "function": function}
+    if id is not None:
+        call["id"] = id
+        call["type"] = "function"
+    return {"tool_calls": [call]}
+
+
+# Each scenario: a list of chunks (dicts), b"[DONE]", or markers below.
+HANG = "hang"  # stop sending and wait until the client leaves
+WAIT_RELEASE = "wait-release"  # wait for the test to set backend.release
+CLOSE = "close"  # end the body here (no [DONE])
+
+SCENARIOS: dict[str, list[Any]] = {
+    "text": [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"content": "Hello"}),
+        chunk({"content": ", world"}),
+        chunk({"content": "!"}),
+        chunk(finish="stop"),
+        usage_chunk(),
+        b"[DONE]",
+    ],
+    "reasoning": [
+        chunk({"role": "assistant", "reasoning_content": "Let me "}),
+        chunk({"reasoning_content": "think."}),
+        chunk({"content": "The answer"}),
+        chunk({"content": " is 4."}),
+        chunk(finish="stop"),
+        usage_chunk(),
+        b"[DONE]",
+    ],
+    "reasoning-field": [  # vLLM's newer field name
+        chunk({"role": "assistant", "reasoning": "Hmm."}),
+        chunk({"content": "Done."}),
+        chunk(finish="stop"),
+        b"[DONE]",
+    ],
+    "parallel-tools": [
+        chunk({"role": "assistant", "content": None}),
+        chunk(call_delta(0, id="call_a", name="get_weather", args="")),
+        chunk(call_delta(0, args='{"city":')),
+        chunk(call_delta(1, id="call_b", name="get_time", args="")),
+        chunk(call_delta(0, args=' "Paris"}')),
+        chunk(call_delta(1, args='{"tz": "CET"}')),
+        chunk(finish="tool_calls"),
+        usage_chunk(),
+        b"[DONE]",
+    ],
+    "index0-collisions": [  # a backend that puts every call at index 0
+        chunk(call_delta(0, id="call_1", name="get_weather", args='{"city": "Oslo"}')),
+        chunk(call_delta(0, id="call_2", name="get_weather", args='{"city": ')),
+        chunk(call_delta(0, args='"Rome"}')),
+        chunk(call_delta(0, id="call_3", name="get_time", args="{}")),
+        chunk(finish="tool_calls"),
+        b"[DONE]",
+    ],
+    "legacy-function-call": [
+        chunk({"role": "assistant", "function_call": {"name": "get_weather", "arguments": ""}}),
+        chunk({"function_call": {"arguments": '{"city": '}}),
+        chunk({"function_call": {"arguments": '"Lima"}'}}),
+        chunk(finish="function_call"),
+        b"[DONE]",
+    ],
+    "text-then-tool": [
+        chunk({"content": "Let me check."}),
+        chunk(call_delta(0, id="call_x", name="get_weather", args='{"city": "Kyiv"}')),
+        chunk(finish="tool_calls"),
+        b"[DONE]",
+    ],
+    "refusal": [
+        chunk({"refusal": "I can't "}),
+        chunk({"refusal": "help with that."}),
+        chunk(finish="stop"),
+        b"[DONE]",
+    ],
+    "length": [
+        chunk({"content": "This answer is cut"}),
+        chunk(finish="length"),
+        usage_chunk(),
+        b"[DONE]",
+    ],
+    "length-in-tool": [
+        chunk(call_delta(0, id="call_l", name="get_weather", args='{"city": "Ber')),
+        chunk(finish="length"),
+        b"[DONE]",
+    ],
+    "content-filter": [
+        chunk({"content": "Some"}),
+        chunk(finish="content_filter"),
+        b"[DONE]",
+    ],
+    "error-mid-stream": [  # llama.cpp reports failures inside a 200 stream
+        chunk({"content": "Partial"}),
+        {"error": {"code": 500, "message": "the model crashed", "type": "server_error"}},
+    ],
+    "done-no-finish": [
+        chunk({"content": "No finish reason"}),
+        b"[DONE]",
+    ],
+    "eof-after-finish": [
+        chunk({"content": "Ends"}),
+        chunk(finish="stop"),
+        CLOSE,
+    ],
+    "eof-abrupt": [
+        chunk({"content": "Cut off"}),
+        CLOSE,
+    ],
+    "not-json": [
+        chunk({"content": "ok"}),
+        b"{not json",
+    ],
+    "hang": [
+        chunk({"content": "Waiting"}),
+        HANG,
+    ],
+    "slow-first-token": [
+        WAIT_RELEASE,
+        chunk({"content": "Finally"}),
+        chunk(finish="stop"),
+        b"[DONE]",
+    ],
+    "unicode": [
+        chunk({"content": "line\u2028sep"}),
+        chunk({"content": " \u00e9\U0001f600"}),
+        chunk(finish="stop"),
+        b"[DONE]",
+    ],
+}
+
+
+@dataclass
+class Recorded:
+    path: str
+    method: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class ScriptedBackend:
+    requests: list[Recorded] = field(default_factory=list)
+    release: trio.Event = field(default_factory=trio.Event)
+    stream_started: trio.Event = field(default_factory=trio.Event)
+    client_left: trio.Event = field(default_factory=trio.Event)
+    client_left_at: float | None = None
+    url: str = ""
+
+    @property
+    def chat_requests(self) -> list[Any]:
+        return [r.body for r in self.requests if r.path == "/v1/chat/completions"]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        try:
+            body = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            body = raw
+        path = scope["path"]
+        self.requests.append(Recorded(path, scope["method"], headers, body))
+        if path == "/v1/chat/completions" and scope["method"] == "POST":
+            await self._chat(body, receive, send)
+        elif path == "/v1/models":
+            await _json(send, 200, {"object": "list", "data": [{"id": "text", "object": "model", "owned_by": "tests"}]})
+        elif path == "/v1/embeddings":
+            await _json(send, 200, {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}], "echo_query": scope["query_string"].decode()})
+        elif path == "/v1/stream-numbers":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+            for n in range(20):
+                await send({"type": "http.response.body", "body": f"data: {n}\n\n".encode(), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        elif path == "/v1/teapot":
+            await _json(send, 418, {"error": {"message": "I am a teapot", "type": "invalid_request_error", "code": "teapot"}})
+        else:
+            await _json(send, 404, {"error": {"message": f"no route {path}", "type": "invalid_request_error", "code": "not_found"}})
+
+    async def _chat(self, body: Any, receive: Any, send: Send) -> None:
+        model = body.get("model", "text") if isinstance(body, dict) else "text"
+        if model == "http-500":
+            await _json(send, 500, {"error": {"message": "internal explosion", "type": "server_error"}})
+            return
+        if model == "http-400":
+            await _json(send, 400, {"error": {"message": "This model's maximum context length is 8 tokens.", "type": "invalid_request_error", "code": "context_length_exceeded", "param": "messages"}})
+            return
+        if model == "unknown-model":
+            await _json(send, 404, {"error": {"message": "The model 'unknown-model' does not exist", "type": "invalid_request_error", "code": "model_not_found"}})
+            return
+        if model == "hang-before-headers":
+            await self._wait_client_left(receive)
+            return
+        script = _weather_script(body) if model == "weather" else SCENARIOS.get(model, SCENARIOS["text"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        self.stream_started.set()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_disconnect, receive, nursery.cancel_scope)
+            for step in script:
+                if step == HANG:
+                    await trio.sleep_forever()
+                elif step == WAIT_RELEASE:
+                    await self.release.wait()
+                elif step == CLOSE:
+                    break
+                else:
+                    data = step if isinstance(step, bytes) else orjson.dumps(step)
+                    await send({"type": "http.response.body", "body": b"data: " + data + b"\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            nursery.cancel_scope.cancel()
+
+    async def _watch_disconnect(self, receive: Any, scope: trio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.client_left_at = trio.current_time()
+                self.client_left.set()
+                scope.cancel()
+                return
+
+    async def _wait_client_left(self, receive: Any) -> None:
+        with trio.CancelScope() as scope:
+            await self._watch_disconnect(receive, scope)
+
+
+def _weather_script(body: dict[str, Any]) -> list[Any]:
+    """Call get_weather first; once a tool result is present, answer with it."""
+    messages = body.get("messages") or []
+    results = [m for m in messages if m.get("role") == "tool"]
+    if results:
+        return [chunk({"content": f"The tool said: {results[-1]['content']}"}), chunk(finish="stop"), usage_chunk(), b"[DONE]"]
+    return [
+        chunk(call_delta(0, id="call_w1", name="get_weather", args='{"city": "Paris"}')),
+        chunk(finish="tool_calls"),
+        usage_chunk(),
+        b"[DONE]",
+    ]
+
+
+async def _json(send: Send, status: int, payload: Any) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": orjson.dumps(payload), "more_body": False})
+
+
+async def serve_backend(backend: ScriptedBackend, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.graceful_timeout = 0.1
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(functools.partial(serve, backend, config, mode="asgi"))
+        backend.url = binds[0]
+        task_status.started(binds[0])
