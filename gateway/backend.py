@@ -125,7 +125,13 @@ def passthrough_response_headers(response: httpx2.Response) -> dict[str, str]:
 @contextlib.asynccontextmanager
 async def _open(client: httpx2.AsyncClient, request: httpx2.Request) -> AsyncIterator[httpx2.Response]:
     with map_backend_errors():
-        response = await client.send(request, stream=True)
+        try:
+            response = await client.send(request, stream=True)
+        except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
+            # A pooled keep-alive connection the server had already closed
+            # (llama.cpp closes after each stream without saying so): the
+            # request never reached it, so one retry on a fresh connection.
+            response = await client.send(request, stream=True)
     try:
         yield response
     finally:

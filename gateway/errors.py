@@ -135,6 +135,8 @@ class BackendStatusError(BackendError):
     def from_body(cls, backend_status: int, body: bytes) -> "BackendStatusError":
         """Build from the backend's error body, whatever shape it has."""
         message, type_, code, param = _parse_error_body(body)
+        if code is None and (type_ == "exceed_context_size_error" or "context length" in message.lower()):
+            code = "context_length_exceeded"  # llama.cpp and vLLM say it in their own words
         if not message:
             message = f"the backend answered with HTTP {backend_status}"
         if backend_status >= 500:

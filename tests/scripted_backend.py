@@ -190,6 +190,12 @@ class ScriptedBackend:
     client_left: trio.Event = field(default_factory=trio.Event)
     client_left_at: float | None = None
     url: str = ""
+    _arrived: trio.Event = field(default_factory=trio.Event)
+
+    async def wait_for(self, predicate: Callable[[], bool]) -> None:
+        """Wait until `predicate()` holds; it is re-checked after each request arrives."""
+        while not predicate():
+            await self._arrived.wait()
 
     @property
     def chat_requests(self) -> list[Any]:
@@ -217,6 +223,8 @@ class ScriptedBackend:
             body = raw
         path = scope["path"]
         self.requests.append(Recorded(path, scope["method"], headers, body))
+        self._arrived.set()
+        self._arrived = trio.Event()
         if path == "/v1/chat/completions" and scope["method"] == "POST":
             await self._chat(body, receive, send)
         elif path == "/v1/models":

@@ -1,0 +1,60 @@
+"""The main job on an embedded default: a real small model behind the gateway.
+
+Starts llama.cpp (xllamacpp) with SmolLM2-135M-Instruct on a free port, the
+gateway in front of it, and streams a reply through the official openai SDK's
+Responses API, printing the text as it arrives and the events it came in.
+
+    just demo            # or: .venv/bin/python examples/demo.py "your prompt"
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+
+import openai
+import trio
+
+import gateway
+from gateway.lab.llamacpp import run_llama_server
+
+
+async def main(prompt: str) -> None:
+    async with trio.open_nursery() as nursery:
+        print("starting llama.cpp with SmolLM2-135M-Instruct ...", flush=True)
+        backend_url = await nursery.start(run_llama_server)
+        settings = gateway.Settings(
+            _env_file=None,
+            openai_base_url_internal=backend_url,
+            api_adapter_host="127.0.0.1",
+            api_adapter_port=0,
+            log_file_path="",
+        )
+        gateway_url = await nursery.start(functools.partial(gateway.serve, settings))
+        print(f"gateway on {gateway_url}, backend on {backend_url}\n", flush=True)
+
+        client = openai.AsyncOpenAI(base_url=gateway_url + "/v1", api_key="not-needed")
+        counts: collections.Counter[str] = collections.Counter()
+        print(f"> {prompt}\n", flush=True)
+        async with client.responses.stream(
+            model="SmolLM2-135M-Instruct",
+            instructions="You are a concise, friendly assistant.",
+            input=prompt,
+            max_output_tokens=120,
+            temperature=0.2,
+        ) as stream:
+            async for event in stream:
+                counts[event.type] += 1
+                if event.type == "response.output_text.delta":
+                    print(event.delta, end="", flush=True)
+            final = await stream.get_final_response()
+        print("\n")
+        print(f"status={final.status} id={final.id} usage: in={final.usage.input_tokens} "
+              f"out={final.usage.output_tokens} total={final.usage.total_tokens}")
+        print("events: " + ", ".join(f"{name} x{n}" for name, n in counts.items()))
+        nursery.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    trio.run(main, " ".join(sys.argv[1:]) or "Write two sentences about the sea.")

@@ -1,0 +1,1 @@
+"""Lab harnesses: real local backends (llama.cpp via xllamacpp) for end-to-end tests and demos."""

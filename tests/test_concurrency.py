@@ -1,0 +1,152 @@
+"""Structured concurrency of one streamed response: heartbeats, disconnects, ownership."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+import orjson
+import trio
+
+from conftest import parse_sse
+from gateway.streams.relay import ResponseEventStream
+from gateway.streams.translator import ResponseTranslator
+from gateway.translate import plan_chat_request
+from gateway.wire import parse_create_request
+from scripted_backend import chunk
+
+HEARTBEAT = b": keep-alive\n\n"
+
+
+class ChannelBackend:
+    """An in-memory ChatBackend driven by the test (for exact timing under a mock clock)."""
+
+    def __init__(self) -> None:
+        self.answer = trio.Event()
+        self.send, self.recv = trio.open_memory_channel[bytes](100)
+        self.closed = trio.Event()
+
+    @contextlib.asynccontextmanager
+    async def open_chat_stream(self, body: dict[str, Any]) -> AsyncIterator[Any]:
+        try:
+            await self.answer.wait()
+            yield self.recv
+        finally:
+            self.closed.set()
+
+    def open_passthrough(self, *args: Any) -> Any:  # pragma: no cover - not used here
+        raise NotImplementedError
+
+
+def make_body(backend: ChannelBackend, interval: float) -> ResponseEventStream:
+    plan = plan_chat_request(parse_create_request(b'{"model":"m","input":"hi"}'), response_id="resp_1", created_at=0)
+    translator = ResponseTranslator(plan.response, clock=lambda: 0.0)
+    return ResponseEventStream(backend=backend, body=plan.body, translator=translator, heartbeat_interval=interval)
+
+
+async def test_heartbeats_start_before_the_backend_answers_and_repeat_each_silent_interval(autojump_clock):
+    backend = ChannelBackend()
+    body = make_body(backend, interval=2.0)
+    writes: list[tuple[float, bytes]] = []
+    start = trio.current_time()
+    async with body:
+        status, headers = await body.head()
+        assert status == 200 and headers["content-type"].startswith("text/event-stream")
+        async for data in body:
+            writes.append((trio.current_time() - start, data))
+            if len([d for _, d in writes if d == HEARTBEAT]) == 3:
+                backend.answer.set()
+                await backend.send.send(b"data: " + orjson.dumps(chunk({"content": "late"})) + b"\n\n")
+                await backend.send.send(b"data: [DONE]\n\n")
+    times = [t for t, _ in writes]
+    # The stream commits (created + in_progress) after one interval with no answer,
+    # then a heartbeat follows every further interval of silence.
+    assert b"response.created" in writes[0][1] and times[0] == 2.0
+    assert [t for t, d in writes if d == HEARTBEAT] == [4.0, 6.0, 8.0]
+    assert max(b - a for a, b in zip([0.0, *times], times)) <= 2.0
+    assert b"response.completed" in b"".join(d for _, d in writes)
+    assert writes[-1][1].endswith(b"data: [DONE]\n\n")
+
+
+async def test_no_heartbeat_while_events_keep_flowing(autojump_clock):
+    backend = ChannelBackend()
+    backend.answer.set()
+    body = make_body(backend, interval=2.0)
+    seen: list[bytes] = []
+    async with body:
+        await body.head()
+        async for data in body:
+            seen.append(data)
+            if len(seen) < 6:
+                await trio.sleep(1.5)
+                await backend.send.send(b"data: " + orjson.dumps(chunk({"content": "x"})) + b"\n\n")
+            elif len(seen) == 6:
+                await backend.send.send(b"data: [DONE]\n\n")
+    assert HEARTBEAT not in seen
+
+
+async def test_leaving_the_body_early_cancels_the_backend_call(autojump_clock):
+    backend = ChannelBackend()
+    backend.answer.set()
+    body = make_body(backend, interval=5.0)
+    async with body:
+        await body.head()
+        async for data in body:
+            break  # the consumer stops, as Quart does when its client is gone
+    assert backend.closed.is_set()
+
+
+async def test_client_disconnect_closes_the_upstream_request(gateway_url, backend):
+    async with httpx2.AsyncClient(timeout=10) as http:
+        async with http.stream(
+            "POST", gateway_url + "/v1/responses", json={"model": "hang", "input": "hi", "stream": True}
+        ) as r:
+            async for data in r.aiter_raw():
+                if b"response.output_text.delta" in data:
+                    break
+            assert not backend.client_left.is_set()
+            left_at = trio.current_time()
+    with trio.fail_after(2):
+        await backend.client_left.wait()
+    assert backend.client_left_at is not None
+    print(f"disconnect -> upstream closed: {(backend.client_left_at - left_at) * 1000:.1f} ms")
+
+
+async def test_heartbeat_comments_reach_the_client_before_the_first_token(start_gateway, backend):
+    url = await start_gateway(heartbeat_interval=0.1)
+    raw = b""
+    async with httpx2.AsyncClient(timeout=10) as http:
+        with trio.fail_after(10):
+            async with http.stream(
+                "POST", url + "/v1/responses", json={"model": "slow-first-token", "input": "hi", "stream": True}
+            ) as r:
+                assert r.status_code == 200
+                async for data in r.aiter_raw():
+                    raw += data
+                    if raw.count(HEARTBEAT) >= 2 and not backend.release.is_set():
+                        assert b"output_text.delta" not in raw
+                        backend.release.set()
+    frames = parse_sse(raw)
+    assert frames[-1] == "[DONE]" and frames[-2]["type"] == "response.completed"
+    assert frames[-2]["response"]["output"][0]["content"][0]["text"] == "Finally"
+
+
+async def test_streams_proceed_concurrently(gateway_url, backend):
+    # Ten streams held open by a backend that waits: all start before any finishes.
+    results: list[bytes] = []
+
+    async def one(http: httpx2.AsyncClient) -> None:
+        r = await http.post(gateway_url + "/v1/responses", json={"model": "slow-first-token", "input": "x", "stream": True})
+        results.append(r.content)
+
+    async with httpx2.AsyncClient(timeout=10) as http:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for _ in range(10):
+                    nursery.start_soon(one, http)
+                await backend.wait_for(lambda: len(backend.chat_requests) == 10)
+                assert results == []
+                backend.release.set()
+    assert len(results) == 10 and all(b"response.completed" in r for r in results)

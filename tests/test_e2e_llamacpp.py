@@ -1,0 +1,43 @@
+"""End to end through a real small model: llama.cpp (xllamacpp) + SmolLM2-135M."""
+
+from __future__ import annotations
+
+import functools
+
+import openai
+import pytest
+import trio
+
+import gateway
+from conftest import make_settings
+from gateway.lab.llamacpp import run_llama_server
+from spec import validate_event, validate_response
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_a_real_model_streams_a_reply_through_the_gateway_to_the_openai_sdk(nursery):
+    with trio.fail_after(180):
+        backend_url = await nursery.start(run_llama_server)
+        url = await nursery.start(functools.partial(gateway.serve, make_settings(backend_url)))
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        async with client.responses.stream(
+            model="SmolLM2-135M-Instruct", input="Say hello.", max_output_tokens=24, temperature=0
+        ) as stream:
+            events = [event async for event in stream]
+            final = await stream.get_final_response()
+        for event in events:
+            validate_event(event.model_dump(mode="json", exclude_unset=True, warnings=False))
+        validate_response(final.model_dump(mode="json", exclude_unset=True, warnings=False))
+        deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert deltas and deltas == final.output_text
+        assert final.status in ("completed", "incomplete")
+        assert final.usage.input_tokens > 0 and final.usage.output_tokens > 0
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+
+        # Non-streaming, and the length limit becoming "incomplete".
+        short = await client.responses.create(
+            model="SmolLM2-135M-Instruct", input="Count from one to fifty in words.", max_output_tokens=16
+        )
+        assert short.status == "incomplete" and short.incomplete_details.reason == "max_output_tokens"
+        assert short.output_text
