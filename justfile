@@ -15,8 +15,9 @@ setup:
 demo *PROMPT: setup
     {{py}} examples/demo.py {{PROMPT}}
 
-# Run the whole test suite.
+# Type-check the package, then run the whole test suite.
 test *ARGS: setup
+    {{py}} -m mypy
     {{py}} -m pytest -q {{ARGS}}
 
 # Run the gateway (configuration from the environment / .env).

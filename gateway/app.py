@@ -41,13 +41,13 @@ class _GatewayHTTPConnection(TrioASGIHTTPConnection):
         if not isinstance(body, DeferredHeadBody):
             await super()._send_response(send, response)
             return
-        async with body as stream:
-            status, headers = await stream.head()
+        async with body:
+            status, headers = await body.head()
             response.status_code = status
             for name, value in headers.items():
                 response.headers[name] = value
             await send({"type": "http.response.start", "status": status, "headers": encode_headers(response.headers)})
-            async for data in stream:
+            async for data in body:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -144,7 +144,7 @@ def create_app(
     @app.post("/responses")
     async def _create_response() -> Response:
         started = trio.current_time()
-        req = parse_create_request(await request.get_data())
+        req = parse_create_request(await _body_bytes())
         response_id = ids("resp")
         plan = plan_chat_request(req, response_id=response_id, created_at=int(clock()))
         translator = ResponseTranslator(
@@ -187,13 +187,18 @@ def create_app(
             path,
             request.query_string,
             dict(request.headers),
-            await request.get_data(),
+            await _body_bytes(),
         )
         response = Response(body)
         response.timeout = None
         return response
 
     return app
+
+
+async def _body_bytes() -> bytes:
+    data = await request.get_data(as_text=False)
+    return data if isinstance(data, bytes) else data.encode()
 
 
 def _log_request(

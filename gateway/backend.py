@@ -20,7 +20,7 @@ import trio
 from .config import Settings
 from .errors import BackendStatusError, map_backend_errors
 
-__all__ = ["ChatBackend", "ChatStream", "OpenAICompatibleBackend", "open_http_client"]
+__all__ = ["ChatBackend", "ChatStream", "OpenAICompatibleBackend", "open_http_client", "passthrough_response_headers"]
 
 _MAX_ERROR_BODY = 64 * 1024
 

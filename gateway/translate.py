@@ -93,8 +93,9 @@ def plan_chat_request(
         if req.parallel_tool_calls is not None:
             body["parallel_tool_calls"] = req.parallel_tool_calls
     elif req.tool_choice is not None:
-        # Validate the value even when there is nothing to choose from.
-        _tool_choice(req.tool_choice, [], require_known=False)
+        # Validate the value even when there is nothing to choose from: a
+        # named function that is not offered is an error, as with tools.
+        _tool_choice(req.tool_choice, [])
         if req.tool_choice == "none" or (isinstance(req.tool_choice, dict) and req.tool_choice.get("mode") == "none"):
             tool_choice_echo = "none"
 
@@ -198,20 +199,11 @@ class _MessageBuilder:
 
     def function_call_output(self, item: FunctionCallOutputItem, param: str) -> None:
         output = item.output if isinstance(item.output, str) else _text_of_parts(item.output, param)
-        if item.call_id not in self.call_owner:
-            # A result for a call this request does not show: give the
-            # backend the call it needs so that the tool message is valid.
-            name = getattr(item, "name", None) or "function"
-            synthetic = {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
-                ],
-            }
-            self.messages.append(synthetic)
-            self.call_owner[item.call_id] = synthetic
-        self.messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+        message = {"role": "tool", "tool_call_id": item.call_id, "content": output}
+        name = getattr(item, "name", None)
+        if isinstance(name, str) and name:
+            message["_name"] = name  # only used if the call never shows up
+        self.messages.append(message)
 
     def reasoning(self, item: ReasoningItem) -> None:
         parts = item.content or item.summary
@@ -220,7 +212,26 @@ class _MessageBuilder:
             self.pending_reasoning.append(text)
 
     def finish(self) -> list[dict[str, Any]]:
-        return _order_tool_results(self.messages)
+        messages: list[dict[str, Any]] = []
+        for message in self.messages:
+            if message["role"] == "tool":
+                call_id = message["tool_call_id"]
+                name = message.pop("_name", None)
+                if call_id not in self.call_owner:
+                    # A result for a call the input never shows (the call was
+                    # made in an earlier, unstored turn): give the backend the
+                    # call it needs for the tool message to be valid.
+                    synthetic = {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": call_id, "type": "function", "function": {"name": name or "function", "arguments": "{}"}}
+                        ],
+                    }
+                    self.call_owner[call_id] = synthetic
+                    messages.append(synthetic)
+            messages.append(message)
+        return _order_tool_results(messages)
 
 
 def _order_tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -321,7 +332,9 @@ def _tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], li
         if kind != "function":
             skipped.append(str(kind))
             continue
-        spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool  # chat-style too
+        spec = tool.get("function")
+        if not isinstance(spec, dict):
+            spec = tool  # the Responses shape; the chat shape nests under "function"
         name = spec.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidRequest(
@@ -362,7 +375,7 @@ def _tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], li
 
 
 def _tool_choice(
-    choice: Any, names: list[str], *, require_known: bool = True
+    choice: Any, names: list[str]
 ) -> tuple[Any, Any, frozenset[str] | None, frozenset[str] | None]:
     """(chat tool_choice, echoed tool_choice, allowed call names, tool subset to send)."""
     if choice is None:
@@ -384,7 +397,7 @@ def _tool_choice(
             raise InvalidRequest(
                 "Missing required parameter: 'tool_choice.name'.", param="tool_choice.name", code="missing_required_parameter"
             )
-        if require_known and name not in names:
+        if name not in names:
             raise InvalidRequest(
                 f"Tool choice '{name}' not found in 'tools' parameter.", param="tool_choice", code="invalid_value"
             )
@@ -405,7 +418,7 @@ def _tool_choice(
             name = entry.get("name") if isinstance(entry, dict) else None
             if isinstance(entry, dict) and isinstance(entry.get("function"), dict):
                 name = entry["function"].get("name")
-            if not isinstance(name, str) or (require_known and name not in names):
+            if not isinstance(name, str) or name not in names:
                 raise InvalidRequest(
                     f"Allowed tool '{name}' not found in 'tools' parameter.",
                     param=f"tool_choice.tools[{index}]",

@@ -173,14 +173,18 @@ InputItem = Annotated[
 # --- the request ---------------------------------------------------------------
 
 
+# "minimal" is not in the spec's enum but OpenAI accepts it and clients send it.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
 class ReasoningParam(_Open):
-    effort: str | None = None
-    summary: str | None = None
+    effort: ReasoningEffort | None = None
+    summary: Literal["concise", "detailed", "auto"] | None = None
 
 
 class TextParam(_Open):
     format: dict[str, Any] | None = None
-    verbosity: str | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
 
 
 class CreateResponseRequest(_Open):
@@ -192,7 +196,7 @@ class CreateResponseRequest(_Open):
     include: list[str] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
     text: TextParam | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
@@ -206,7 +210,7 @@ class CreateResponseRequest(_Open):
     max_tool_calls: int | None = Field(None, ge=1)
     reasoning: ReasoningParam | None = None
     safety_identifier: str | None = Field(None, max_length=64)
-    prompt_cache_key: str | None = None
+    prompt_cache_key: str | None = Field(None, max_length=64)
     truncation: Literal["auto", "disabled"] | None = None
     instructions: str | list[InputItem] | None = None
     store: bool | None = True
@@ -232,7 +236,8 @@ def parse_create_request(body: bytes) -> CreateResponseRequest:
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object", code="invalid_json")
     try:
-        return _REQUEST.validate_python(data)
+        # Strict: "0.5" is not a number and "yes" is not a boolean, as for OpenAI.
+        return _REQUEST.validate_python(data, strict=True)
     except ValidationError as exc:
         raise invalid_request_from_pydantic(exc) from None
 

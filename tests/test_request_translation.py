@@ -338,11 +338,6 @@ def test_outputs_replayed_in_reverse_order_follow_their_calls() -> None:
     assert_valid_tool_sequence(result)
 
 
-@pytest.mark.xfail(
-    reason="an output listed before its call gets a synthetic call, and the real call later becomes a second "
-    "assistant message with the same id and no tool result (translate._MessageBuilder.function_call_output)",
-    strict=True,
-)
 @pytest.mark.parametrize(
     "items",
     [
@@ -584,11 +579,6 @@ def test_tool_choice_naming_an_unknown_function_is_rejected() -> None:
     assert error.param == "tool_choice"
 
 
-@pytest.mark.xfail(
-    reason="with no function tools, _tool_choice runs with require_known=False: a forced function that does not "
-    "exist is silently dropped and the skeleton echoes tool_choice 'auto'",
-    strict=True,
-)
 @pytest.mark.parametrize("tools", [None, [{"type": "web_search"}]], ids=["no-tools", "only-hosted-tools"])
 def test_tool_choice_naming_a_function_is_rejected_when_no_function_tools_are_given(tools: Any) -> None:
     error = rejection(tools=tools, tool_choice={"type": "function", "name": "missing"})
@@ -946,11 +936,6 @@ def test_the_skeleton_of_a_request_setting_every_field_is_valid_and_echoes_it() 
     assert_no_nulls_forwarded(body)
 
 
-@pytest.mark.xfail(
-    reason="wire.py accepts any string for reasoning.effort, reasoning.summary and text.verbosity, and _skeleton "
-    "echoes it verbatim, so the response object breaks the spec's enums instead of the request getting a 400",
-    strict=True,
-)
 @pytest.mark.parametrize(
     ("fields", "param"),
     [

@@ -31,25 +31,36 @@ class ChunkDecoder:
     def __init__(self, max_event_bytes: int = 16 * 1024 * 1024) -> None:
         self._sse = SSEDecoder(max_event_bytes)
         self.saw_done = False
+        self.failed = False
 
     def decode(self, data: bytes) -> list[Any]:
-        """Chunks completed by `data`; stops at `[DONE]`.
+        """Chunks completed by `data`, in order; stops at `[DONE]`.
 
-        Raises:
-            BackendStreamError: a payload is not JSON, or is too large.
+        A payload that is not JSON (or too large) ends the list with a
+        `BackendStreamError` instance, after the chunks decoded before it, so
+        what reaches the consumer never depends on how the bytes were cut.
         """
+        if self.saw_done or self.failed:
+            return []
         try:
-            return self._convert(self._sse.decode(data))
+            events = self._sse.decode(data)
         except SSETooLarge:
-            raise BackendStreamError("the backend sent an oversized stream event") from None
+            self.failed = True
+            return [BackendStreamError("the backend sent an oversized stream event")]
+        return self._convert(events)
 
     def flush(self) -> list[Any]:
+        if self.saw_done or self.failed:
+            return []
         return self._convert(self._sse.flush())
+
+    @property
+    def finished(self) -> bool:
+        """`[DONE]` was seen or the stream became unreadable: stop reading."""
+        return self.saw_done or self.failed
 
     def _convert(self, events: list[Any]) -> list[Any]:
         out: list[Any] = []
-        if self.saw_done:
-            return out
         for event in events:
             data = event.data
             if data == b"[DONE]":
@@ -59,5 +70,7 @@ class ChunkDecoder:
             try:
                 out.append(orjson.loads(data))
             except orjson.JSONDecodeError:
-                raise BackendStreamError("the backend sent data that is not JSON") from None
+                self.failed = True
+                out.append(BackendStreamError("the backend sent data that is not JSON"))
+                break
         return out

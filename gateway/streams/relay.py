@@ -19,7 +19,7 @@ terminal event.  The shells move data and make no protocol decisions.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
@@ -71,6 +71,9 @@ class DeferredHeadBody(ResponseBody):
     """
 
     async def head(self) -> tuple[int, dict[str, str]]:
+        raise NotImplementedError
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
         raise NotImplementedError
 
 
@@ -193,12 +196,12 @@ class ResponseEventStream(DeferredHeadBody):
                             batch = decoder.decode(data)
                             if batch:
                                 await chunk_send.send(batch)
-                            if decoder.saw_done:
+                            if decoder.finished:
                                 return
                         batch = decoder.flush()
                         if batch:
                             await chunk_send.send(batch)
-                        if not decoder.saw_done:
+                        if not decoder.finished:
                             await chunk_send.send(_EOF)
                 except GatewayError as error:
                     self._upstream_error = error
@@ -222,6 +225,9 @@ class ResponseEventStream(DeferredHeadBody):
                         for chunk in message:
                             if chunk is DONE:
                                 events += translator.finish()
+                                break
+                            if isinstance(chunk, GatewayError):
+                                events += _fail(translator, chunk)
                                 break
                             events += translator.feed(chunk)
                     elif isinstance(message, GatewayError):
@@ -272,6 +278,14 @@ def _fail(translator: ResponseTranslator, error: GatewayError) -> list[dict[str,
     return translator.fail(error.code or "server_error", error.message, type=error.type, param=error.param)
 
 
+def _feed(translator: ResponseTranslator, chunks: list[Any]) -> None:
+    for chunk in chunks:
+        if isinstance(chunk, GatewayError):
+            _fail(translator, chunk)
+        elif chunk is not DONE:
+            translator.feed(chunk)
+
+
 async def collect_response(backend: ChatBackend, body: dict[str, Any], translator: ResponseTranslator) -> dict[str, Any]:
     """Run a whole chat stream through the translator; the final response.
 
@@ -283,16 +297,11 @@ async def collect_response(backend: ChatBackend, body: dict[str, Any], translato
     async with backend.open_chat_stream(body) as upstream:
         decoder = ChunkDecoder()
         async for data in upstream:
-            for chunk in decoder.decode(data):
-                if chunk is DONE:
-                    break
-                translator.feed(chunk)
-            if decoder.saw_done or translator.done:
+            _feed(translator, decoder.decode(data))
+            if decoder.finished or translator.done:
                 break
         else:
-            for chunk in decoder.flush():
-                if chunk is not DONE:
-                    translator.feed(chunk)
+            _feed(translator, decoder.flush())
     if not translator.done:
         if decoder.saw_done or translator.finish_reason:
             translator.finish()

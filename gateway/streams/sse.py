@@ -36,12 +36,28 @@ class SSEDecoder:
     def __init__(self, max_event_bytes: int = 16 * 1024 * 1024) -> None:
         self._max = max_event_bytes
         self._buffer = b""
+        self._at_start = True
         self._data: list[bytes] = []
         self._size = 0
         self._event: str | None = None
 
     def decode(self, chunk: bytes) -> list[SSEEvent]:
+        """Events completed by `chunk`.
+
+        Limits, the same however the input is cut: no line longer than
+        `max_event_bytes`, no event whose data adds up to more.
+
+        Raises:
+            SSETooLarge: a limit was passed.
+        """
         buffer = self._buffer + chunk if self._buffer else chunk
+        if self._at_start:
+            if len(buffer) < 3 and b"\xef\xbb\xbf".startswith(buffer):
+                self._buffer = buffer  # may still be a byte order mark
+                return []
+            self._at_start = False
+            if buffer.startswith(b"\xef\xbb\xbf"):  # one leading BOM is not content
+                buffer = buffer[3:]
         events: list[SSEEvent] = []
         start = 0
         end = len(buffer)
@@ -52,14 +68,16 @@ class SSEDecoder:
             self._line(buffer[start : match.start()], events)
             start = match.end()
         rest = buffer[start:]
-        if len(rest) + self._size > self._max:
-            raise SSETooLarge(f"an event exceeded {self._max} bytes")
+        if len(rest) - rest.endswith(b"\r") > self._max:
+            raise SSETooLarge(f"a line exceeded {self._max} bytes")
         self._buffer = rest
         return events
 
     def flush(self) -> list[SSEEvent]:
         """End of input: a last event without its blank line still counts."""
         events: list[SSEEvent] = []
+        if self._at_start and b"\xef\xbb\xbf".startswith(self._buffer):
+            self._buffer = b""
         if self._buffer:
             line, self._buffer = self._buffer.rstrip(b"\r"), b""
             self._line(line, events)
@@ -70,6 +88,8 @@ class SSEDecoder:
         if not line:
             self._dispatch(events)
             return
+        if len(line) > self._max:
+            raise SSETooLarge(f"a line exceeded {self._max} bytes")
         if line[0] == 0x3A:  # ':' comment
             return
         field, sep, value = line.partition(b":")

@@ -23,6 +23,7 @@ After the terminal event every call returns [] and `t.response` is final.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
@@ -138,6 +139,7 @@ class ResponseTranslator:
         self._message: _Message | None = None
         self._reasoning: _Reasoning | None = None
         self._calls: dict[Any, _Call] = {}  # current call per backend index
+        self._unopened: list[_Call] = []  # calls whose name may still be growing
         self._open_calls: list[_Call] = []
         self._finish_reason: str | None = None
         self._usage: Mapping[str, Any] | None = None
@@ -171,8 +173,10 @@ class ResponseTranslator:
             return events
         error = chunk.get("error")
         if error is not None and not chunk.get("choices"):
-            message, _type, code, _param = error_fields(chunk)
-            events += self.fail(code or "backend_stream_error", message or "the backend reported an error")
+            message, type_, code, _param = error_fields(chunk)
+            events += self.fail(
+                code or "backend_stream_error", message or "the backend reported an error", type=type_ or "server_error"
+            )
             return events
         usage = chunk.get("usage")
         if usage:
@@ -281,6 +285,7 @@ class ResponseTranslator:
     def _on_reasoning(self, text: str, events: list[Event]) -> None:
         item = self._reasoning
         if item is None:
+            self._open_pending(events)
             self._close_message("completed", events)
             item = self._reasoning = _Reasoning(self._new_slot(), self._ids("rs"))
             events.append(
@@ -331,6 +336,7 @@ class ResponseTranslator:
         self._close_reasoning(events)
         message = self._message
         if message is None:
+            self._open_pending(events)
             message = self._message = _Message(self._new_slot(), self._ids("msg"))
             events.append(
                 self._event(
@@ -418,35 +424,40 @@ class ResponseTranslator:
     def _on_tool_call(self, delta: dict[str, Any], events: list[Event]) -> None:
         key = delta.get("index", 0)
         backend_id = delta.get("id") or None
-        function = delta.get("function") if isinstance(delta.get("function"), dict) else {}
+        function = delta.get("function")
+        if not isinstance(function, dict):
+            function = {}
         call = self._calls.get(key)
         if call is None or (backend_id is not None and call.backend_id is not None and backend_id != call.backend_id):
-            # A new call; a backend that puts every call at index 0 is told
-            # apart by the call id.
+            # A new call (a backend that puts every call at index 0 is told
+            # apart by the call id): the names of earlier calls are complete.
+            self._open_pending(events)
             call = self._calls[key] = _Call(backend_id)
+            self._unopened.append(call)
         elif backend_id is not None and call.backend_id is None:
-            call.backend_id = call.call_id = backend_id
+            call.backend_id = backend_id
+            if call.index < 0:  # once announced, the call id never changes
+                call.call_id = backend_id
         name = function.get("name")
         arguments = function.get("arguments")
         if not isinstance(arguments, str):
             arguments = "" if arguments is None else _json_text(arguments)
-        if call.index < 0 and not call.suppressed:
-            if isinstance(name, str) and name:
-                call.name += name
-            if not call.name:
-                if arguments:
-                    call.pending.append(arguments)
-                return
-            if self._allowed is not None and call.name not in self._allowed:
-                call.suppressed = True
-                self.suppressed_calls.append(call.name)
-                return
-            self._open_call(call, events)
-            if call.pending:
-                arguments = "".join(call.pending) + arguments
-                call.pending = []
-        if call.suppressed or not arguments:
+        if call.suppressed:
             return
+        if call.index < 0:
+            # The item opens once its name is complete: when its arguments
+            # begin, or when anything else follows.
+            if isinstance(name, str):
+                call.name += name
+            if arguments:
+                call.pending.append(arguments)
+            if call.name and call.pending:
+                self._open_call(call, events)
+            return
+        if arguments:
+            self._append_arguments(call, arguments, events)
+
+    def _append_arguments(self, call: _Call, arguments: str, events: list[Event]) -> None:
         call.chunks.append(arguments)
         events.append(
             self._event(
@@ -454,9 +465,19 @@ class ResponseTranslator:
             )
         )
 
-    def _open_call(self, call: _Call, events: list[Event]) -> None:
+    def _open_pending(self, events: list[Event], status: str = "completed") -> None:
+        for call in self._unopened[:]:
+            if call.name:
+                self._open_call(call, events, status)
+
+    def _open_call(self, call: _Call, events: list[Event], status: str = "completed") -> None:
+        self._unopened.remove(call)
+        if self._allowed is not None and call.name not in self._allowed:
+            call.suppressed = True
+            self.suppressed_calls.append(call.name)
+            return
         self._close_reasoning(events)
-        self._close_message("completed", events)
+        self._close_message(status, events)
         call.index = self._new_slot()
         call.id = self._ids("fc")
         if not call.call_id:
@@ -476,6 +497,10 @@ class ResponseTranslator:
                 },
             )
         )
+        if call.pending:
+            arguments = "".join(call.pending)
+            call.pending = []
+            self._append_arguments(call, arguments, events)
 
     def _close_call(self, call: _Call, status: str, events: list[Event]) -> None:
         arguments = "".join(call.chunks)
@@ -501,10 +526,17 @@ class ResponseTranslator:
 
     def _close_all(self, status: str, events: list[Event]) -> None:
         """Close whatever is open, in output order."""
-        self._close_reasoning(events)  # reasoning interrupted still carries its text
-        self._close_message(status, events)
+        self._open_pending(events, status)
+        self._unopened = []  # calls that never got a name cannot be reported
+        closers: list[tuple[int, Callable[[], None]]] = []
+        if self._reasoning is not None:  # interrupted reasoning still carries its text
+            closers.append((self._reasoning.index, lambda: self._close_reasoning(events)))
+        if self._message is not None:
+            closers.append((self._message.index, lambda: self._close_message(status, events)))
         for call in self._open_calls:
-            self._close_call(call, status, events)
+            closers.append((call.index, functools.partial(self._close_call, call, status, events)))
+        for _, close in sorted(closers, key=lambda pair: pair[0]):
+            close()
         self._open_calls = []
         self._calls = {}
 
