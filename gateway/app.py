@@ -145,6 +145,18 @@ def create_app(
     async def _create_response() -> Response:
         started = trio.current_time()
         req = parse_create_request(await _body_bytes())
+        # Until responses are stored, no earlier response can be continued and
+        # none can run in the background: say so rather than ignore the field.
+        if req.previous_response_id:
+            raise NotFound(
+                f"Previous response with id '{req.previous_response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        if req.background:
+            raise InvalidRequest(
+                "Background mode is not available on this gateway yet.", param="background", code="unsupported_parameter"
+            )
         response_id = ids("resp")
         plan = plan_chat_request(req, response_id=response_id, created_at=int(clock()))
         translator = ResponseTranslator(

@@ -90,6 +90,7 @@ class OpenAICompatibleBackend:
         self._v1 = settings.backend_v1
         self._chat_url = self._v1 + "/chat/completions"
         self._auth = {"authorization": f"Bearer {settings.openai_api_key}"} if settings.openai_api_key else {}
+        self._accepts_reasoning_content = True
         self._chat_headers = {
             **self._auth,
             "content-type": "application/json",
@@ -98,6 +99,24 @@ class OpenAICompatibleBackend:
 
     @contextlib.asynccontextmanager
     async def open_chat_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatStream]:
+        if not self._accepts_reasoning_content:
+            body = _without_reasoning_content(body)
+        try:
+            async with self._open_chat(body) as stream:
+                yield stream
+                return
+        except BackendStatusError as error:
+            stripped = _without_reasoning_content(body)
+            if error.backend_status != 400 or stripped is body:
+                raise
+        # The backend refused `reasoning_content` in assistant messages: it is
+        # context, not content, so it is dropped from now on.
+        self._accepts_reasoning_content = False
+        async with self._open_chat(stripped) as stream:
+            yield stream
+
+    @contextlib.asynccontextmanager
+    async def _open_chat(self, body: dict[str, Any]) -> AsyncIterator[ChatStream]:
         request = self._client.build_request("POST", self._chat_url, content=orjson.dumps(body), headers=self._chat_headers)
         async with _open(self._client, request) as response:
             if response.status_code >= 400:
@@ -116,6 +135,15 @@ class OpenAICompatibleBackend:
         request = self._client.build_request(method, url, content=body or None, headers=forwarded)
         async with _open(self._client, request) as response:
             yield response
+
+
+def _without_reasoning_content(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` itself when no message carries reasoning_content, else a copy without it."""
+    messages = body.get("messages") or []
+    if not any("reasoning_content" in m for m in messages):
+        return body
+    cleaned = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
+    return {**body, "messages": cleaned}
 
 
 def passthrough_response_headers(response: httpx2.Response) -> dict[str, str]:

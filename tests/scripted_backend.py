@@ -252,6 +252,9 @@ class ScriptedBackend:
         if model == "unknown-model":
             await _json(send, 404, {"error": {"message": "The model 'unknown-model' does not exist", "type": "invalid_request_error", "code": "model_not_found"}})
             return
+        if model == "no-reasoning-content" and any("reasoning_content" in m for m in body.get("messages", [])):
+            await _json(send, 400, {"error": {"message": "Unrecognized request argument supplied: reasoning_content", "type": "invalid_request_error"}})
+            return
         if model == "hang-before-headers":
             await self._wait_client_left(receive)
             return

@@ -9,6 +9,7 @@ from typing import Any
 import httpx2
 import orjson
 import trio
+import trio.testing
 
 from conftest import parse_sse
 from gateway.streams.relay import ResponseEventStream
@@ -150,3 +151,29 @@ async def test_streams_proceed_concurrently(gateway_url, backend):
                 assert results == []
                 backend.release.set()
     assert len(results) == 10 and all(b"response.completed" in r for r in results)
+
+
+async def test_events_already_queued_are_coalesced_into_one_write(autojump_clock):
+    backend = ChannelBackend()
+    for n in range(50):
+        backend.send.send_nowait(b"data: " + orjson.dumps(chunk({"content": f"t{n}"})) + b"\n\n")
+    backend.send.send_nowait(b"data: [DONE]\n\n")
+    backend.answer.set()
+    body = make_body(backend, interval=5.0)
+    writes: list[bytes] = []
+    async with body:
+        await body.head()
+        await trio.testing.wait_all_tasks_blocked()  # let the producers queue everything
+        async for data in body:
+            writes.append(data)
+    frames = parse_sse(b"".join(writes))
+    assert len(frames) > 50 and frames[-1] == "[DONE]"
+    assert len(writes) < 5
+
+
+def test_framework_response_timeouts_are_off():
+    from conftest import make_settings
+    from gateway import create_app
+
+    app = create_app(make_settings("http://127.0.0.1:9"))
+    assert app.config["RESPONSE_TIMEOUT"] is None

@@ -238,3 +238,25 @@ async def test_every_frame_is_written_whole_with_lf_endings(gateway_url, client)
         for line in lines[1:]:
             assert line.startswith(b"data: ")
         orjson.loads(lines[-1][6:]) if lines[-1] != b"data: [DONE]" else None
+
+
+async def test_reasoning_content_is_dropped_for_a_backend_that_refuses_it(gateway_url, client, backend):
+    history = [
+        {"role": "user", "content": "q1"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "thinking"}]},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "q2"},
+    ]
+    for _ in range(2):
+        r = await client.post(gateway_url + "/v1/responses", json={"model": "no-reasoning-content", "input": history})
+        assert r.status_code == 200 and r.json()["status"] == "completed"
+    sent = [m for m in backend.chat_requests if m["model"] == "no-reasoning-content"]
+    # Tried once with it, then never again.
+    assert ["reasoning_content" in m["messages"][1] for m in sent] == [True, False, False]
+
+
+async def test_state_features_not_yet_available_are_refused_clearly(gateway_url, client):
+    r = await client.post(gateway_url + "/v1/responses", json={"model": "text", "input": "hi", "previous_response_id": "resp_x"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "previous_response_not_found"
+    r = await client.post(gateway_url + "/v1/responses", json={"model": "text", "input": "hi", "background": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "background"
