@@ -97,8 +97,11 @@ class ResponseEventStream(DeferredHeadBody):
         self.outcome = StreamOutcome()
         self._nursery_cm: Any = None
         self._out_recv: trio.MemoryReceiveChannel[bytes] | None = None
+        # One scope per sibling: cancelling the nursery's own scope would also
+        # cancel Quart's send loop, which runs inside it.
         self._upstream_scope = trio.CancelScope()
         self._heartbeat_scope = trio.CancelScope()
+        self._translator_scope = trio.CancelScope()
         self._upstream_answered = trio.Event()
         self._upstream_error: GatewayError | None = None
         self._json_error: bytes | None = None
@@ -170,7 +173,7 @@ class ResponseEventStream(DeferredHeadBody):
         if exc_type is not None and issubclass(exc_type, trio.Cancelled):
             self.outcome.client_left = True
         # Everything useful has been sent (or the client left): stop the siblings.
-        self._nursery_cm_scope_cancel()
+        self._stop_siblings()
         try:
             await self._nursery_cm.__aexit__(exc_type, exc, tb)
         finally:
@@ -179,9 +182,10 @@ class ResponseEventStream(DeferredHeadBody):
             if self._on_close is not None:
                 self._on_close(self.outcome)
 
-    def _nursery_cm_scope_cancel(self) -> None:
+    def _stop_siblings(self) -> None:
         self._upstream_scope.cancel()
         self._heartbeat_scope.cancel()
+        self._translator_scope.cancel()
 
     # --- siblings ----------------------------------------------------------------
 
@@ -217,39 +221,35 @@ class ResponseEventStream(DeferredHeadBody):
     ) -> None:
         translator = self._translator
         async with out_send, chunk_recv:
-            try:
-                await out_send.send(_encode(translator.start()))
-                async for message in chunk_recv:
-                    if isinstance(message, list):
-                        events: list[dict[str, Any]] = []
-                        for chunk in message:
-                            if chunk is DONE:
-                                events += translator.finish()
-                                break
-                            if isinstance(chunk, GatewayError):
-                                events += _fail(translator, chunk)
-                                break
-                            events += translator.feed(chunk)
-                    elif isinstance(message, GatewayError):
-                        events = _fail(translator, message)
-                    else:  # the backend hung up without [DONE]
-                        events = translator.finish() if translator.finish_reason else _fail(translator, _cut())
-                    if events:
-                        await out_send.send(_encode(events))
-                    if translator.done:
-                        break
-                if not translator.done:
-                    await out_send.send(_encode(_fail(translator, _cut())))
-            except Exception:
-                log.debug("translator failed", exc_info=True)
-                events = _fail(translator, InternalError("the gateway failed while translating the response"))
+            with self._translator_scope:
+                await self._translate(translator, chunk_recv, out_send)
+
+    async def _translate(
+        self,
+        translator: ResponseTranslator,
+        chunk_recv: trio.MemoryReceiveChannel[Any],
+        out_send: trio.MemorySendChannel[bytes],
+    ) -> None:
+        try:
+            await out_send.send(_encode(translator.start()))
+            async for message in chunk_recv:
+                events = _translate_message(translator, message)
                 if events:
                     await out_send.send(_encode(events))
-            finally:
-                self.outcome.status = translator.response.get("status", "failed")
-                self._upstream_scope.cancel()
-                self._heartbeat_scope.cancel()
-            await out_send.send(encode_done())
+                if translator.done:
+                    break
+            if not translator.done:  # the reader stopped without a word
+                await out_send.send(_encode(_fail(translator, _cut())))
+        except Exception:
+            log.debug("translator failed", exc_info=True)
+            events = _fail(translator, InternalError("the gateway failed while translating the response"))
+            if events:
+                await out_send.send(_encode(events))
+        finally:
+            self.outcome.status = translator.response.get("status", "failed")
+            self._upstream_scope.cancel()
+            self._heartbeat_scope.cancel()
+        await out_send.send(encode_done())
 
     async def _run_heartbeat(self, out_send: trio.MemorySendChannel[bytes]) -> None:
         comment = encode_comment()
@@ -270,20 +270,30 @@ def _cut() -> BackendStreamError:
     )
 
 
+def _translate_message(translator: ResponseTranslator, message: Any) -> list[dict[str, Any]]:
+    """Events for one message from the upstream reader: a batch of chunks, an error, or EOF."""
+    if isinstance(message, GatewayError):
+        return _fail(translator, message)
+    if message is _EOF:  # the backend hung up without [DONE]
+        return translator.finish() if translator.finish_reason else _fail(translator, _cut())
+    events: list[dict[str, Any]] = []
+    for chunk in message:
+        if chunk is DONE:
+            events += translator.finish()
+            break
+        if isinstance(chunk, GatewayError):
+            events += _fail(translator, chunk)
+            break
+        events += translator.feed(chunk)
+    return events
+
+
 def _encode(events: list[dict[str, Any]]) -> bytes:
     return b"".join([encode_event(event) for event in events])
 
 
 def _fail(translator: ResponseTranslator, error: GatewayError) -> list[dict[str, Any]]:
     return translator.fail(error.code or "server_error", error.message, type=error.type, param=error.param)
-
-
-def _feed(translator: ResponseTranslator, chunks: list[Any]) -> None:
-    for chunk in chunks:
-        if isinstance(chunk, GatewayError):
-            _fail(translator, chunk)
-        elif chunk is not DONE:
-            translator.feed(chunk)
 
 
 async def collect_response(backend: ChatBackend, body: dict[str, Any], translator: ResponseTranslator) -> dict[str, Any]:
@@ -297,16 +307,12 @@ async def collect_response(backend: ChatBackend, body: dict[str, Any], translato
     async with backend.open_chat_stream(body) as upstream:
         decoder = ChunkDecoder()
         async for data in upstream:
-            _feed(translator, decoder.decode(data))
+            _translate_message(translator, decoder.decode(data))
             if decoder.finished or translator.done:
                 break
         else:
-            _feed(translator, decoder.flush())
-    if not translator.done:
-        if decoder.saw_done or translator.finish_reason:
-            translator.finish()
-        else:
-            raise _cut()
+            _translate_message(translator, decoder.flush())
+            _translate_message(translator, _EOF)
     response = translator.response
     if response["status"] == "failed":
         error = response.get("error") or {}
