@@ -18,7 +18,7 @@ import orjson
 import trio
 
 from .config import Settings
-from .errors import BackendStatusError, map_backend_errors
+from .errors import BackendStatusError, backend_error_from, map_backend_errors
 
 __all__ = ["ChatBackend", "ChatStream", "OpenAICompatibleBackend", "open_http_client", "passthrough_response_headers"]
 
@@ -45,8 +45,11 @@ class ChatStream:
         return self
 
     async def __anext__(self) -> bytes:
-        with map_backend_errors():
+        # try/except rather than map_backend_errors(): this runs per chunk.
+        try:
             return await self._chunks.__anext__()
+        except httpx2.TransportError as exc:
+            raise backend_error_from(exc) from exc
 
 
 class ChatBackend(Protocol):

@@ -37,6 +37,7 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "RequestTooLarge",
+    "backend_error_from",
     "error_body",
     "error_json",
     "map_backend_errors",
@@ -195,21 +196,26 @@ def error_json(exc: GatewayError) -> bytes:
     return orjson.dumps(error_body(exc))
 
 
-@contextlib.contextmanager
-def map_backend_errors() -> Iterator[None]:
-    """Convert httpx2 exceptions raised inside the block into `BackendError`s.
+def backend_error_from(exc: httpx2.TransportError) -> BackendError:
+    """The `BackendError` for an httpx2 transport failure.
 
     The messages name what failed without echoing internal addresses or
     library text to the client.
     """
+    if isinstance(exc, httpx2.TimeoutException):
+        kind = "connecting to" if isinstance(exc, httpx2.ConnectTimeout) else "waiting for"
+        return BackendTimeout(f"timed out {kind} the backend")
+    if isinstance(exc, httpx2.ConnectError):
+        return BackendUnavailable("could not connect to the backend")
+    if isinstance(exc, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError)):
+        return BackendUnavailable("the connection to the backend was lost")
+    return BackendUnavailable("the backend could not be reached")
+
+
+@contextlib.contextmanager
+def map_backend_errors() -> Iterator[None]:
+    """Convert httpx2 exceptions raised inside the block into `BackendError`s."""
     try:
         yield
-    except httpx2.TimeoutException as exc:
-        kind = "connecting to" if isinstance(exc, httpx2.ConnectTimeout) else "waiting for"
-        raise BackendTimeout(f"timed out {kind} the backend") from exc
-    except httpx2.ConnectError as exc:
-        raise BackendUnavailable("could not connect to the backend") from exc
-    except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError) as exc:
-        raise BackendUnavailable("the connection to the backend was lost") from exc
     except httpx2.TransportError as exc:
-        raise BackendUnavailable("the backend could not be reached") from exc
+        raise backend_error_from(exc) from exc

@@ -199,7 +199,7 @@ class ResponseEventStream(DeferredHeadBody):
                         async for data in upstream:
                             batch = decoder.decode(data)
                             if batch:
-                                await chunk_send.send(batch)
+                                await _send_soon(chunk_send, batch)
                             if decoder.finished:
                                 return
                         batch = decoder.flush()
@@ -234,8 +234,14 @@ class ResponseEventStream(DeferredHeadBody):
             await out_send.send(_encode(translator.start()))
             async for message in chunk_recv:
                 events = _translate_message(translator, message)
+                # Whatever else the reader has queued becomes part of the same write.
+                while not translator.done:
+                    try:
+                        events += _translate_message(translator, chunk_recv.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
                 if events:
-                    await out_send.send(_encode(events))
+                    await _send_soon(out_send, _encode(events))
                 if translator.done:
                     break
             if not translator.done:  # the reader stopped without a word
@@ -262,6 +268,20 @@ class ResponseEventStream(DeferredHeadBody):
                         self._last_write = trio.current_time()
                         continue
                     await trio.sleep_until(deadline)
+
+
+async def _send_soon(channel: trio.MemorySendChannel[Any], value: Any) -> None:
+    """Queue without yielding when there is room.
+
+    A plain `send` is a scheduling round per chunk: the reader, translator
+    and writer would take turns for every token, and every token would
+    become its own write to the client.  Queueing lets a burst of chunks
+    that arrived together leave together; a full buffer still pushes back.
+    """
+    try:
+        channel.send_nowait(value)
+    except trio.WouldBlock:
+        await channel.send(value)
 
 
 def _cut() -> BackendStreamError:
