@@ -1,13 +1,25 @@
-"""The `gateway` command line."""
+"""The `gateway` command line.
+
+`serve` runs the gateway.  The lab commands (`simulate-backend`, `loadtest`,
+`bench`) live in `gateway.lab` and parse their own arguments; they are
+imported only when used, so serving never pays for them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from .config import ConfigError, load_settings
 
 __all__ = ["main"]
+
+_LAB_COMMANDS = {
+    "simulate-backend": ("gateway.lab.simulator", "a deterministic Chat Completions server for load tests"),
+    "loadtest": ("gateway.lab.loadtest", "concurrent streams against a Responses or Chat Completions endpoint"),
+    "bench": ("gateway.lab.bench", "start simulator and gateway, run the standard scenarios, print one table"),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,10 +33,23 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address (default: API_ADAPTER_HOST)")
     serve.add_argument("--port", type=int, help="bind port (default: API_ADAPTER_PORT)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
+    for name, (_module, summary) in _LAB_COMMANDS.items():
+        commands.add_parser(name, help=summary, add_help=False)
     return parser
 
 
+def _run_lab(name: str, argv: list[str]) -> int:
+    module_name, summary = _LAB_COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"gateway {name}", description=summary)
+    module.add_arguments(parser)
+    return int(module.main(parser.parse_args(argv)))
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _LAB_COMMANDS:
+        return _run_lab(argv[0], argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -35,12 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
-    if args.command == "serve":
-        from .logs import configure_logging
-        from .server import run
+    from .logs import configure_logging
+    from .server import run
 
-        configure_logging(settings)
-        run(settings, host=args.host, port=args.port, workers=args.workers)
-        return 0
-    parser.error(f"unknown command {args.command}")
-    return 2
+    configure_logging(settings)
+    run(settings, host=args.host, port=args.port, workers=args.workers)
+    return 0

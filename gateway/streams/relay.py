@@ -201,6 +201,8 @@ class ResponseEventStream(DeferredHeadBody):
                             if batch:
                                 await _send_soon(chunk_send, batch)
                             if decoder.finished:
+                                if decoder.saw_done:
+                                    await _drain(upstream)
                                 return
                         batch = decoder.flush()
                         if batch:
@@ -284,6 +286,24 @@ async def _send_soon(channel: trio.MemorySendChannel[Any], value: Any) -> None:
         await channel.send(value)
 
 
+_DRAIN_GRACE = 0.05
+
+
+async def _drain(upstream: Any) -> None:
+    """Read the body's end after `[DONE]` so the connection can be reused.
+
+    Usually the chunked terminator arrived with `[DONE]` and this returns at
+    once, before the translator (woken by the batch just queued) runs and
+    cancels the reader; if it must wait for the network it is cancelled and
+    the connection is simply closed.
+    """
+    try:
+        async for _ in upstream:
+            pass
+    except GatewayError:
+        pass
+
+
 def _cut() -> BackendStreamError:
     return BackendStreamError(
         "the backend closed the stream before finishing the response", code="backend_stream_ended"
@@ -329,6 +349,9 @@ async def collect_response(backend: ChatBackend, body: dict[str, Any], translato
         async for data in upstream:
             _translate_message(translator, decoder.decode(data))
             if decoder.finished or translator.done:
+                if decoder.saw_done:
+                    with trio.move_on_after(_DRAIN_GRACE):
+                        await _drain(upstream)
                 break
         else:
             _translate_message(translator, decoder.flush())
