@@ -22,7 +22,7 @@ from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from .backend import ChatBackend, OpenAICompatibleBackend, open_http_client, passthrough_response_headers
+from .backend import ChatBackend, OpenAICompatibleBackend, passthrough_response_headers
 from .config import Settings
 from .errors import GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
 from .streams.relay import DeferredHeadBody, ResponseEventStream, StreamOutcome, collect_response
@@ -85,22 +85,22 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # long streams must never be cut by the framework
     app.config["BODY_TIMEOUT"] = max(60.0, settings.stream_timeout)
-    client = None
+    owned: OpenAICompatibleBackend | None = None
     if backend is not None:
         app.backend = backend
 
     @app.before_serving
     async def _open_backend() -> None:
-        nonlocal client
+        nonlocal owned
         if backend is None:
-            client = open_http_client(settings)
-            app.backend = OpenAICompatibleBackend(settings, client)
+            owned = OpenAICompatibleBackend(settings)
+            app.backend = owned
 
     @app.after_serving
     async def _close_backend() -> None:
-        if client is not None:
+        if owned is not None:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await client.aclose()
+                await owned.aclose()
 
     # --- errors ----------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import trio
 from .config import Settings
 from .errors import BackendStatusError, backend_error_from, map_backend_errors
 
-__all__ = ["ChatBackend", "ChatStream", "OpenAICompatibleBackend", "open_http_client", "passthrough_response_headers"]
+__all__ = ["ChatBackend", "ChatStream", "OpenAICompatibleBackend", "passthrough_response_headers"]
 
 _MAX_ERROR_BODY = 64 * 1024
 
@@ -39,7 +39,7 @@ class ChatStream:
 
     def __init__(self, response: httpx2.Response) -> None:
         self.status = response.status_code
-        self._chunks = response.aiter_bytes()
+        self._chunks = response.stream.__aiter__()  # type: ignore[union-attr]
 
     def __aiter__(self) -> ChatStream:
         return self
@@ -69,36 +69,44 @@ class ChatBackend(Protocol):
         ...
 
 
-def open_http_client(settings: Settings) -> httpx2.AsyncClient:
-    """The one HTTP client of an app: timeouts and limits from settings."""
-    limits = httpx2.Limits(
-        max_connections=settings.upstream_max_connections,
-        max_keepalive_connections=min(settings.upstream_max_connections, 1024),
-        keepalive_expiry=30.0,
-    )
-    timeout = httpx2.Timeout(
-        connect=settings.connect_timeout,
-        read=settings.stream_timeout,
-        write=settings.stream_timeout,
-        pool=None,  # waiting for a free connection is bounded by the limit, not a timer
-    )
-    return httpx2.AsyncClient(limits=limits, timeout=timeout, follow_redirects=False)
-
-
 class OpenAICompatibleBackend:
-    """Any server that speaks OpenAI's `/v1/chat/completions`."""
+    """Any server that speaks OpenAI's `/v1/chat/completions`.
 
-    def __init__(self, settings: Settings, client: httpx2.AsyncClient) -> None:
-        self._client = client
+    One httpx2 transport (the connection pool) serves both paths.  Chat
+    streams call the transport directly: they need none of the client's
+    auth, redirect, cookie or decoding layers, which cost more per chunk than
+    everything else the gateway does.  Passthrough requests use the client.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._transport = httpx2.AsyncHTTPTransport(
+            limits=httpx2.Limits(
+                max_connections=settings.upstream_max_connections,
+                max_keepalive_connections=min(settings.upstream_max_connections, 1024),
+                keepalive_expiry=30.0,
+            ),
+        )
+        timeout = httpx2.Timeout(
+            connect=settings.connect_timeout,
+            read=settings.stream_timeout,
+            write=settings.stream_timeout,
+            pool=None,  # waiting for a free connection is bounded by the limit, not a timer
+        )
+        self._timeout = timeout.as_dict()
+        self._client = httpx2.AsyncClient(transport=self._transport, timeout=timeout, follow_redirects=False)
         self._v1 = settings.backend_v1
-        self._chat_url = self._v1 + "/chat/completions"
+        self._chat_url = httpx2.URL(self._v1 + "/chat/completions")
         self._auth = {"authorization": f"Bearer {settings.openai_api_key}"} if settings.openai_api_key else {}
         self._accepts_reasoning_content = True
         self._chat_headers = {
             **self._auth,
             "content-type": "application/json",
             "accept": "text/event-stream",
+            "accept-encoding": "identity",  # the stream is read raw, so it must not be compressed
         }
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
 
     @contextlib.asynccontextmanager
     async def open_chat_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatStream]:
@@ -120,11 +128,34 @@ class OpenAICompatibleBackend:
 
     @contextlib.asynccontextmanager
     async def _open_chat(self, body: dict[str, Any]) -> AsyncIterator[ChatStream]:
-        request = self._client.build_request("POST", self._chat_url, content=orjson.dumps(body), headers=self._chat_headers)
-        async with _open(self._client, request) as response:
+        payload = orjson.dumps(body)
+        async with self._send(lambda: self._chat_request(payload)) as response:
             if response.status_code >= 400:
                 raise BackendStatusError.from_body(response.status_code, await _read_bounded(response))
             yield ChatStream(response)
+
+    def _chat_request(self, payload: bytes) -> httpx2.Request:
+        return httpx2.Request(
+            "POST", self._chat_url, content=payload, headers=self._chat_headers, extensions={"timeout": self._timeout}
+        )
+
+    @contextlib.asynccontextmanager
+    async def _send(self, build: Any) -> AsyncIterator[httpx2.Response]:
+        with map_backend_errors():
+            try:
+                response = await self._transport.handle_async_request(build())
+            except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
+                # A pooled keep-alive connection the server had already closed
+                # (llama.cpp closes after each stream without saying so): the
+                # request never reached it, so one retry on a fresh connection.
+                response = await self._transport.handle_async_request(build())
+        try:
+            yield response
+        finally:
+            # Closing must finish even when the request is being cancelled (the
+            # client left): that is what tells the backend to stop generating.
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await response.aclose()
 
     @contextlib.asynccontextmanager
     async def open_passthrough(
@@ -136,8 +167,13 @@ class OpenAICompatibleBackend:
         forwarded = {k: v for k, v in headers.items() if k.lower() in _FORWARD_REQUEST_HEADERS}
         forwarded.update(self._auth)
         request = self._client.build_request(method, url, content=body or None, headers=forwarded)
-        async with _open(self._client, request) as response:
+        with map_backend_errors():
+            response = await self._client.send(request, stream=True)
+        try:
             yield response
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await response.aclose()
 
 
 def _without_reasoning_content(body: dict[str, Any]) -> dict[str, Any]:
@@ -153,29 +189,10 @@ def passthrough_response_headers(response: httpx2.Response) -> dict[str, str]:
     return {k: v for k, v in response.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS}
 
 
-@contextlib.asynccontextmanager
-async def _open(client: httpx2.AsyncClient, request: httpx2.Request) -> AsyncIterator[httpx2.Response]:
-    with map_backend_errors():
-        try:
-            response = await client.send(request, stream=True)
-        except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
-            # A pooled keep-alive connection the server had already closed
-            # (llama.cpp closes after each stream without saying so): the
-            # request never reached it, so one retry on a fresh connection.
-            response = await client.send(request, stream=True)
-    try:
-        yield response
-    finally:
-        # Closing must finish even when the request is being cancelled (the
-        # client left): that is what tells the backend to stop generating.
-        with trio.CancelScope(shield=True), trio.move_on_after(2):
-            await response.aclose()
-
-
 async def _read_bounded(response: httpx2.Response) -> bytes:
     data = bytearray()
     with map_backend_errors():
-        async for chunk in response.aiter_bytes():
+        async for chunk in response.stream:  # type: ignore[union-attr]
             data += chunk
             if len(data) >= _MAX_ERROR_BODY:
                 break

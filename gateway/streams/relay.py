@@ -196,10 +196,19 @@ class ResponseEventStream(DeferredHeadBody):
                     async with self._backend.open_chat_stream(self._body) as upstream:
                         self._upstream_answered.set()
                         decoder = ChunkDecoder()
+                        eager = _EAGER_BATCHES
+                        window_end = trio.current_time() + _BATCH_WINDOW
                         async for data in upstream:
                             batch = decoder.decode(data)
                             if batch:
                                 await _send_soon(chunk_send, batch)
+                                # Batching buys throughput but must not hold
+                                # tokens back: the first batches leave at once,
+                                # later ones at least every _BATCH_WINDOW.
+                                if eager or trio.current_time() >= window_end:
+                                    eager = max(0, eager - 1)
+                                    await trio.lowlevel.checkpoint()
+                                    window_end = trio.current_time() + _BATCH_WINDOW
                             if decoder.finished:
                                 if decoder.saw_done:
                                     await _drain(upstream)
@@ -287,6 +296,10 @@ async def _send_soon(channel: trio.MemorySendChannel[Any], value: Any) -> None:
 
 
 _DRAIN_GRACE = 0.05
+# While the backend's bytes are already buffered the reader does not yield on
+# its own; it is made to, so that no token waits longer than this to be sent.
+_BATCH_WINDOW = 0.0005
+_EAGER_BATCHES = 2
 
 
 async def _drain(upstream: Any) -> None:
