@@ -20,6 +20,10 @@ test *ARGS: setup
     {{py}} -m mypy
     {{py}} -m pytest -q {{ARGS}}
 
+# Start the simulator and the gateway, run the standard load scenarios, print one table (several minutes).
+bench *ARGS: setup
+    {{py}} -m gateway bench {{ARGS}}
+
 # Run the gateway (configuration from the environment / .env).
 serve *ARGS: setup
     {{py}} -m gateway serve {{ARGS}}

@@ -10,7 +10,7 @@ OpenAI-compatible Chat Completions adapter is the one implementation today.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Protocol
 
 import httpx2
@@ -79,13 +79,8 @@ class OpenAICompatibleBackend:
     """
 
     def __init__(self, settings: Settings) -> None:
-        self._transport = httpx2.AsyncHTTPTransport(
-            limits=httpx2.Limits(
-                max_connections=settings.upstream_max_connections,
-                max_keepalive_connections=min(settings.upstream_max_connections, 1024),
-                keepalive_expiry=30.0,
-            ),
-        )
+        self._pool = _ShardedPool(settings.upstream_max_connections)
+        self._transport = self._pool.transports[0]
         timeout = httpx2.Timeout(
             connect=settings.connect_timeout,
             read=settings.stream_timeout,
@@ -107,6 +102,7 @@ class OpenAICompatibleBackend:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        await self._pool.aclose()
 
     @contextlib.asynccontextmanager
     async def open_chat_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatStream]:
@@ -141,21 +137,22 @@ class OpenAICompatibleBackend:
 
     @contextlib.asynccontextmanager
     async def _send(self, build: Any) -> AsyncIterator[httpx2.Response]:
-        with map_backend_errors():
+        with self._pool.lease() as transport:
+            with map_backend_errors():
+                try:
+                    response = await transport.handle_async_request(build())
+                except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
+                    # A pooled keep-alive connection the server had already closed
+                    # (llama.cpp closes after each stream without saying so): the
+                    # request never reached it, so one retry on a fresh connection.
+                    response = await transport.handle_async_request(build())
             try:
-                response = await self._transport.handle_async_request(build())
-            except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
-                # A pooled keep-alive connection the server had already closed
-                # (llama.cpp closes after each stream without saying so): the
-                # request never reached it, so one retry on a fresh connection.
-                response = await self._transport.handle_async_request(build())
-        try:
-            yield response
-        finally:
-            # Closing must finish even when the request is being cancelled (the
-            # client left): that is what tells the backend to stop generating.
-            with trio.CancelScope(shield=True), trio.move_on_after(2):
-                await response.aclose()
+                yield response
+            finally:
+                # Closing must finish even when the request is being cancelled (the
+                # client left): that is what tells the backend to stop generating.
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    await response.aclose()
 
     @contextlib.asynccontextmanager
     async def open_passthrough(
@@ -174,6 +171,52 @@ class OpenAICompatibleBackend:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await response.aclose()
+
+
+class _ShardedPool:
+    """Several httpx2 connection pools used as one.
+
+    httpcore's pool scans all of its connections on every request and every
+    close, which grows quadratic with thousands of concurrent streams.  Each
+    shard holds at most `_SHARD_SIZE` connections; requests fill the first
+    shard with room, so a lightly loaded gateway keeps reusing the same few
+    keep-alive connections, and only a busy one spreads out.
+    """
+
+    def __init__(self, max_connections: int) -> None:
+        self._count = max(1, -(-max_connections // _SHARD_SIZE))
+        self._size = min(max_connections, _SHARD_SIZE)
+        self._ssl = httpx2.create_ssl_context()  # one for all shards: building one costs ~20 ms
+        self.transports = [self._new_transport()]  # more are made when the first ones fill up
+        self._active = [0]
+
+    def _new_transport(self) -> httpx2.AsyncHTTPTransport:
+        limits = httpx2.Limits(max_connections=self._size, max_keepalive_connections=self._size, keepalive_expiry=30.0)
+        return httpx2.AsyncHTTPTransport(verify=self._ssl, limits=limits)
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[httpx2.AsyncHTTPTransport]:
+        active = self._active
+        index = next((i for i, n in enumerate(active) if n < self._size), None)
+        if index is None:
+            if len(active) < self._count:
+                self.transports.append(self._new_transport())
+                active.append(0)
+                index = len(active) - 1
+            else:
+                index = min(range(len(active)), key=active.__getitem__)
+        active[index] += 1
+        try:
+            yield self.transports[index]
+        finally:
+            active[index] -= 1
+
+    async def aclose(self) -> None:
+        for transport in self.transports[1:]:  # the first belongs to the passthrough client
+            await transport.aclose()
+
+
+_SHARD_SIZE = 256
 
 
 def _without_reasoning_content(body: dict[str, Any]) -> dict[str, Any]:

@@ -62,10 +62,10 @@ async def test_heartbeats_start_before_the_backend_answers_and_repeat_each_silen
                 await backend.send.send(b"data: " + orjson.dumps(chunk({"content": "late"})) + b"\n\n")
                 await backend.send.send(b"data: [DONE]\n\n")
     times = [t for t, _ in writes]
-    # The stream commits (created + in_progress) after one interval with no answer,
-    # then a heartbeat follows every further interval of silence.
-    assert b"response.created" in writes[0][1] and times[0] == 2.0
-    assert [t for t, d in writes if d == HEARTBEAT] == [4.0, 6.0, 8.0]
+    # The stream commits (created + in_progress) after half an interval with no
+    # answer, then a heartbeat follows every further interval of silence.
+    assert b"response.created" in writes[0][1] and times[0] == 1.0
+    assert [t for t, d in writes if d == HEARTBEAT] == [3.0, 5.0, 7.0]
     assert max(b - a for a, b in zip([0.0, *times], times)) <= 2.0
     assert b"response.completed" in b"".join(d for _, d in writes)
     assert writes[-1][1].endswith(b"data: [DONE]\n\n")

@@ -247,7 +247,10 @@ async def run_bench(out: pathlib.Path, *, duration: float = 8.0, quick: bool = F
                     api="responses",
                     concurrency=slow_streams,
                     requests=slow_streams,
-                    timeout=120,
+                    timeout=150,
+                    # All streams are open together at t = 30 s: the last one
+                    # starts as the first one gets its first token.
+                    ramp_up=30.0,
                 ),
                 [gw_proc.pid],
             )

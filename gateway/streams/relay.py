@@ -124,12 +124,13 @@ class ResponseEventStream(DeferredHeadBody):
     async def head(self) -> tuple[int, dict[str, str]]:
         """Status and headers, decided before the first byte is sent.
 
-        Waits for the backend's answer at most one heartbeat interval: an
-        error status it gives by then (unknown model, context too long) is
-        passed on as that status; after that the stream is committed and a
-        later failure arrives as `error` + `response.failed`.
+        Waits for the backend's answer for half a heartbeat interval (at most
+        a second): an error status it gives by then (unknown model, context
+        too long) is passed on as that status; after that the stream is
+        committed, so the client never waits longer than a heartbeat for its
+        first bytes, and a later failure arrives as `error` + `response.failed`.
         """
-        with trio.move_on_after(self._interval):
+        with trio.move_on_after(min(self._interval / 2, _MAX_HEAD_WAIT)):
             await self._upstream_answered.wait()
         error = self._upstream_error
         if isinstance(error, BackendStatusError) and 400 <= error.status < 500:
@@ -296,6 +297,7 @@ async def _send_soon(channel: trio.MemorySendChannel[Any], value: Any) -> None:
 
 
 _DRAIN_GRACE = 0.05
+_MAX_HEAD_WAIT = 1.0
 # While the backend's bytes are already buffered the reader does not yield on
 # its own; it is made to, so that no token waits longer than this to be sent.
 _BATCH_WINDOW = 0.0005
