@@ -23,9 +23,12 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .backend import ChatBackend, OpenAICompatibleBackend, passthrough_response_headers
+from . import conversation
 from .config import Settings
 from .errors import GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
+from .store import ResponseStore, open_store
 from .streams.relay import DeferredHeadBody, ResponseEventStream, StreamOutcome, collect_response
+from .streams.sse import encode_done, encode_event
 from .streams.translator import ResponseTranslator, random_id
 from .translate import plan_chat_request
 from .wire import parse_create_request
@@ -56,6 +59,7 @@ class GatewayApp(QuartTrio):
     asgi_http_class = _GatewayHTTPConnection
     settings: Settings
     backend: ChatBackend
+    store: ResponseStore
 
 
 def _json(data: bytes, status: int = 200) -> Response:
@@ -71,14 +75,15 @@ def create_app(
     settings: Settings,
     *,
     backend: ChatBackend | None = None,
+    store: ResponseStore | None = None,
     clock: Callable[[], float] = time.time,
     ids: Callable[[str], str] = random_id,
 ) -> GatewayApp:
     """Build the gateway app from a settings object.
 
-    `backend` replaces the default OpenAI-compatible adapter (its HTTP
-    client is then the caller's to manage); `clock` and `ids` are injected
-    into the translator (tests pin them).
+    `backend` and `store` replace the ones the settings would build (they are
+    then the caller's to close); `clock` and `ids` are injected into the
+    translator (tests pin them).
     """
     app = GatewayApp(__name__)
     app.settings = settings
@@ -86,21 +91,29 @@ def create_app(
     app.config["RESPONSE_TIMEOUT"] = None  # long streams must never be cut by the framework
     app.config["BODY_TIMEOUT"] = max(60.0, settings.stream_timeout)
     owned: OpenAICompatibleBackend | None = None
+    owned_store: ResponseStore | None = None
     if backend is not None:
         app.backend = backend
+    if store is not None:
+        app.store = store
 
     @app.before_serving
-    async def _open_backend() -> None:
-        nonlocal owned
+    async def _open_resources() -> None:
+        nonlocal owned, owned_store
         if backend is None:
             owned = OpenAICompatibleBackend(settings)
             app.backend = owned
+        if store is None:
+            owned_store = open_store(settings)
+            app.store = owned_store
 
     @app.after_serving
-    async def _close_backend() -> None:
-        if owned is not None:
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
+    async def _close_resources() -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            if owned is not None:
                 await owned.aclose()
+            if owned_store is not None:
+                await owned_store.aclose()
 
     # --- errors ----------------------------------------------------------------
 
@@ -145,20 +158,20 @@ def create_app(
     async def _create_response() -> Response:
         started = trio.current_time()
         req = parse_create_request(await _body_bytes())
-        # Until responses are stored, no earlier response can be continued and
-        # none can run in the background: say so rather than ignore the field.
-        if req.previous_response_id:
-            raise NotFound(
-                f"Previous response with id '{req.previous_response_id}' not found.",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
         if req.background:
             raise InvalidRequest(
                 "Background mode is not available on this gateway yet.", param="background", code="unsupported_parameter"
             )
+        prepared = await conversation.prepare(app.store, req, ids)
         response_id = ids("resp")
-        plan = plan_chat_request(req, response_id=response_id, created_at=int(clock()))
+        plan = plan_chat_request(
+            req, response_id=response_id, created_at=int(clock()), history=prepared.history, items=prepared.input
+        )
+        keep = req.store is not False
+
+        async def _persist(events: list[dict[str, Any]]) -> None:
+            await app.store.save(conversation.record_for(req, prepared, dict(translator.response), events))
+
         translator = ResponseTranslator(
             plan.response,
             ids=ids,
@@ -179,17 +192,54 @@ def create_app(
                 translator=translator,
                 heartbeat_interval=settings.heartbeat_interval,
                 on_close=_log_stream,
+                on_terminal=_persist if keep else None,
             )
             response = Response(body, status=200, content_type="text/event-stream")
             response.timeout = None
             return response
+        events: list[dict[str, Any]] = []
         try:
-            final = await collect_response(app.backend, plan.body, translator)
+            final = await collect_response(app.backend, plan.body, translator, log=events)
         except GatewayError as error:
             _log_request(response_id, model, "failed", error.status, started, None)
             raise
+        if keep:
+            await _persist(events)
         _log_request(response_id, model, final["status"], 200, started, None)
         return _json(orjson.dumps(final))
+
+    # --- stored responses -----------------------------------------------------
+
+    async def _stored(response_id: str) -> Any:
+        record = await app.store.load(response_id)
+        if record is None:
+            raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="response_not_found")
+        return record
+
+    @app.get("/v1/responses/<response_id>")
+    @app.get("/responses/<response_id>")
+    async def _get_response(response_id: str) -> Response:
+        record = await _stored(response_id)
+        if request.args.get("stream", "").lower() not in ("true", "1"):
+            return _json(orjson.dumps(record.response))
+        after = _int_arg("starting_after", -1)
+        body = b"".join(encode_event(e) for e in record.events if e.get("sequence_number", 0) > after)
+        response = Response(body + encode_done(), status=200, content_type="text/event-stream")
+        response.headers["cache-control"] = "no-cache"
+        return response
+
+    @app.delete("/v1/responses/<response_id>")
+    @app.delete("/responses/<response_id>")
+    async def _delete_response(response_id: str) -> Response:
+        if not await app.store.delete(response_id):
+            raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="response_not_found")
+        return _json(orjson.dumps({"id": response_id, "object": "response.deleted", "deleted": True}))
+
+    @app.get("/v1/responses/<response_id>/input_items")
+    @app.get("/responses/<response_id>/input_items")
+    async def _input_items(response_id: str) -> Response:
+        record = await _stored(response_id)
+        return _json(orjson.dumps(_page(record.input_items)))
 
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def _passthrough(path: str) -> Response:
@@ -206,6 +256,48 @@ def create_app(
         return response
 
     return app
+
+
+def _int_arg(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"Invalid value for '{name}': expected an integer.", param=name, code="invalid_type") from None
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise InvalidRequest(f"Invalid value for '{name}': out of range.", param=name, code="invalid_value")
+    return value
+
+
+def _page(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """One page of a list in OpenAI's cursor shape (limit, order, after, before)."""
+    limit = _int_arg("limit", 20, low=1, high=100)
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("Invalid value for 'order': expected 'asc' or 'desc'.", param="order", code="invalid_value")
+    ordered = items if order == "asc" else list(reversed(items))
+    ids = [item.get("id") for item in ordered]
+    start, end = 0, len(ordered)
+    for name in ("after", "before"):
+        cursor = request.args.get(name)
+        if cursor:
+            if cursor not in ids:
+                raise InvalidRequest(f"No item with id '{cursor}' in this list.", param=name, code="invalid_value")
+            if name == "after":
+                start = ids.index(cursor) + 1
+            else:
+                end = ids.index(cursor)
+    window = ordered[start:end]
+    data = window[:limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0].get("id") if data else None,
+        "last_id": data[-1].get("id") if data else None,
+        "has_more": len(window) > limit,
+    }
 
 
 async def _body_bytes() -> bytes:

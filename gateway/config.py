@@ -71,8 +71,16 @@ class Settings(BaseSettings):
         ),
     )
 
-    # --- conversation and tools (used by later features; names kept stable) --
-    max_conversation_history: int = Field(100, ge=1, description="Stored conversations kept in memory.")
+    # --- conversation state ------------------------------------------------
+    store_backend: Literal["sqlite", "memory", "redis"] = Field(
+        "sqlite", description="Where stored responses live: sqlite (embedded default), memory or redis."
+    )
+    sqlite_path: str = Field("./data/responses.sqlite3", description="SQLite database file.")
+    redis_url: str = Field("redis://localhost:6379/0", description="Redis URL (STORE_BACKEND=redis).", repr=False)
+    store_ttl: float = Field(0, ge=0, description="Seconds a stored response is kept; 0 keeps it until deleted or evicted.")
+    max_conversation_history: int = Field(100, ge=1, description="Stored responses kept by the memory store.")
+
+    # --- tools (used by later features; names kept stable) -------------------
     max_tool_call_iterations: int = Field(25, ge=1, description="Tool-loop rounds before a response stops.")
     mcp_tool_refresh_interval: float = Field(10.0, gt=0, description="Seconds between MCP tool refreshes.")
     mcp_servers_config_path: str | None = Field(None, description="Path of the MCP servers JSON file.")
@@ -84,6 +92,11 @@ class Settings(BaseSettings):
     log_file_path: str | None = Field(
         "./log/api_adapter.log", description="Log file; empty to log to stderr only."
     )
+
+    @field_validator("store_backend", mode="before")
+    @classmethod
+    def _lower_backend(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("log_level", mode="before")
     @classmethod

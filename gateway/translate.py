@@ -9,6 +9,7 @@ the backend is reached or how events are transported.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,8 +59,14 @@ def plan_chat_request(
     response_id: str,
     created_at: int,
     options: TranslateOptions = TranslateOptions(),
+    history: Sequence[Any] = (),
+    items: Sequence[Any] | None = None,
 ) -> ChatPlan:
     """Translate a validated request.
+
+    `history` holds the wire items of earlier turns (from
+    `previous_response_id`); `items`, when given, replaces `req.input` with
+    its resolved form (item references looked up).
 
     Raises:
         InvalidRequest: the request is well-typed but cannot be served
@@ -69,7 +76,12 @@ def plan_chat_request(
     if not req.model:
         raise InvalidRequest("Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
 
-    messages = _instructions(req.instructions, options) + _input_messages(req.input, options)
+    if history or items is not None:
+        source: Any = list(items) if items is not None else req.input
+        current: list[Any] = [MessageItem(role="user", content=source)] if isinstance(source, str) else list(source or [])
+        messages = _instructions(req.instructions, options) + _input_messages([*history, *current], options)
+    else:
+        messages = _instructions(req.instructions, options) + _input_messages(req.input, options)
     if not messages:
         raise InvalidRequest("The request has no input.", param="input", code="missing_required_parameter")
 

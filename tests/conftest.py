@@ -40,6 +40,7 @@ def make_settings(backend_url: str, **overrides: Any) -> Settings:
         "heartbeat_interval": 15.0,
         "log_file_path": "",
         "stream_timeout": 30.0,
+        "store_backend": "memory",
     }
     values.update(overrides)
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]

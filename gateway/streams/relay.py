@@ -19,7 +19,7 @@ terminal event.  The shells move data and make no protocol decisions.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
@@ -88,8 +88,13 @@ class ResponseEventStream(DeferredHeadBody):
         translator: ResponseTranslator,
         heartbeat_interval: float,
         on_close: Callable[[StreamOutcome], None] | None = None,
+        on_terminal: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None,
     ) -> None:
+        """`on_terminal` receives every event of the stream and is awaited
+        before the terminal event is sent (to store the response first)."""
         self._backend = backend
+        self._on_terminal = on_terminal
+        self._log: list[dict[str, Any]] | None = [] if on_terminal is not None else None
         self._body = body
         self._translator = translator
         self._interval = heartbeat_interval
@@ -243,7 +248,7 @@ class ResponseEventStream(DeferredHeadBody):
         out_send: trio.MemorySendChannel[bytes],
     ) -> None:
         try:
-            await out_send.send(_encode(translator.start()))
+            await self._emit(out_send, translator.start(), translator)
             async for message in chunk_recv:
                 events = _translate_message(translator, message)
                 # Whatever else the reader has queued becomes part of the same write.
@@ -252,22 +257,44 @@ class ResponseEventStream(DeferredHeadBody):
                         events += _translate_message(translator, chunk_recv.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                if events:
-                    await _send_soon(out_send, _encode(events))
+                await self._emit(out_send, events, translator)
                 if translator.done:
                     break
             if not translator.done:  # the reader stopped without a word
-                await out_send.send(_encode(_fail(translator, _cut())))
+                await self._emit(out_send, _fail(translator, _cut()), translator)
         except Exception:
             log.debug("translator failed", exc_info=True)
             events = _fail(translator, InternalError("the gateway failed while translating the response"))
-            if events:
-                await out_send.send(_encode(events))
+            await self._emit(out_send, events, translator)
         finally:
             self.outcome.status = translator.response.get("status", "failed")
             self._upstream_scope.cancel()
             self._heartbeat_scope.cancel()
         await out_send.send(encode_done())
+
+    async def _emit(
+        self, out_send: trio.MemorySendChannel[bytes], events: list[dict[str, Any]], translator: ResponseTranslator
+    ) -> None:
+        if not events:
+            return
+        if self._log is None or not translator.done:
+            if self._log is not None:
+                self._log += events
+            await _send_soon(out_send, _encode(events))
+            return
+        # The terminal event is last: everything before it goes out, then the
+        # response is stored, then the terminal event tells the client it may
+        # continue from this response.
+        self._log += events
+        if len(events) > 1:
+            await _send_soon(out_send, _encode(events[:-1]))
+        assert self._on_terminal is not None
+        try:
+            await self._on_terminal(self._log)
+        except Exception:
+            log.warning("storing response %s failed", translator.response.get("id"))
+            log.debug("store failure", exc_info=True)
+        await _send_soon(out_send, _encode(events[-1:]))
 
     async def _run_heartbeat(self, out_send: trio.MemorySendChannel[bytes]) -> None:
         comment = encode_comment()
@@ -351,26 +378,35 @@ def _fail(translator: ResponseTranslator, error: GatewayError) -> list[dict[str,
     return translator.fail(error.code or "server_error", error.message, type=error.type, param=error.param)
 
 
-async def collect_response(backend: ChatBackend, body: dict[str, Any], translator: ResponseTranslator) -> dict[str, Any]:
+async def collect_response(
+    backend: ChatBackend,
+    body: dict[str, Any],
+    translator: ResponseTranslator,
+    *,
+    log: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Run a whole chat stream through the translator; the final response.
+
+    Every event is appended to `log` when one is given.
 
     Raises:
         GatewayError: the backend refused (its 4xx), failed, timed out, or
             reported an error inside the stream.
     """
-    translator.start()
+    keep = log.extend if log is not None else (lambda events: None)
+    keep(translator.start())
     async with backend.open_chat_stream(body) as upstream:
         decoder = ChunkDecoder()
         async for data in upstream:
-            _translate_message(translator, decoder.decode(data))
+            keep(_translate_message(translator, decoder.decode(data)))
             if decoder.finished or translator.done:
                 if decoder.saw_done:
                     with trio.move_on_after(_DRAIN_GRACE):
                         await _drain(upstream)
                 break
         else:
-            _translate_message(translator, decoder.flush())
-            _translate_message(translator, _EOF)
+            keep(_translate_message(translator, decoder.flush()))
+            keep(_translate_message(translator, _EOF))
     response = translator.response
     if response["status"] == "failed":
         error = response.get("error") or {}

@@ -1,0 +1,88 @@
+"""The store interface: what conversation state is kept, not where.
+
+A `StoredResponse` is one response as the Responses API exposes it: the
+final (or latest) `ResponseResource`, the input items it was given (after
+`item_reference`s were resolved, each with an id), and the events it emitted.
+Stores keep records whole: a record is written in one atomic step, so a
+crash never leaves half of one behind.  Items are also found by their own
+id, for `item_reference` inputs.
+
+Implementations (memory, SQLite, Redis) must not know about HTTP, the
+translator or the backend; the contract tests in tests/test_store_contract.py
+hold for all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+__all__ = ["ResponseStore", "StoredResponse", "decode_record", "encode_record"]
+
+
+@dataclass
+class StoredResponse:
+    id: str
+    response: dict[str, Any]
+    input_items: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    previous_response_id: str | None = None
+
+    def item_ids(self) -> list[str]:
+        """Ids of every item this record can resolve: its inputs and its outputs."""
+        ids = [item["id"] for item in self.input_items if isinstance(item.get("id"), str)]
+        ids += [item["id"] for item in self.response.get("output") or () if isinstance(item.get("id"), str)]
+        return ids
+
+    def find_item(self, item_id: str) -> dict[str, Any] | None:
+        for item in (*self.input_items, *(self.response.get("output") or ())):
+            if item.get("id") == item_id:
+                return item
+        return None
+
+
+def encode_record(record: StoredResponse) -> bytes:
+    return orjson.dumps(
+        {
+            "id": record.id,
+            "response": record.response,
+            "input_items": record.input_items,
+            "events": record.events,
+            "previous_response_id": record.previous_response_id,
+        }
+    )
+
+
+def decode_record(data: bytes) -> StoredResponse:
+    raw = orjson.loads(data)
+    return StoredResponse(
+        id=raw["id"],
+        response=raw["response"],
+        input_items=raw.get("input_items") or [],
+        events=raw.get("events") or [],
+        previous_response_id=raw.get("previous_response_id"),
+    )
+
+
+class ResponseStore(Protocol):
+    """Conversation state.  Every method may be called from many tasks at once."""
+
+    async def save(self, record: StoredResponse) -> None:
+        """Insert or replace the record (atomically) and index its items."""
+        ...
+
+    async def load(self, response_id: str) -> StoredResponse | None:
+        """The record, or None when unknown, expired, evicted or deleted."""
+        ...
+
+    async def delete(self, response_id: str) -> bool:
+        """Remove the record and its item index; False when it was not there."""
+        ...
+
+    async def find_item(self, item_id: str) -> dict[str, Any] | None:
+        """An input or output item of a stored response, by the item's id."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,76 @@
+"""In-process store: bounded by a count and/or a TTL, least recently used evicted first.
+
+Fast and simple, and gone on restart; for one process only.  Records are
+kept encoded, so what a caller does with a loaded record never changes the
+stored one (the same behaviour as the other stores).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from .base import StoredResponse, decode_record, encode_record
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    def __init__(
+        self, *, max_entries: int | None = 1000, ttl: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._max = max_entries
+        self._ttl = ttl
+        self._clock = clock
+        self._records: OrderedDict[str, tuple[float, bytes, tuple[str, ...]]] = OrderedDict()
+        self._items: dict[str, str] = {}  # item id -> response id
+
+    async def save(self, record: StoredResponse) -> None:
+        old = self._records.pop(record.id, None)
+        if old is not None:
+            self._unindex(record.id, old[2])
+        item_ids = tuple(record.item_ids())
+        self._records[record.id] = (self._clock(), encode_record(record), item_ids)
+        for item_id in item_ids:
+            self._items[item_id] = record.id
+        # Evict from the least recently used end, never the record just saved.
+        while self._max is not None and len(self._records) > self._max:
+            evicted_id, (_, _, evicted_items) = self._records.popitem(last=False)
+            self._unindex(evicted_id, evicted_items)
+
+    async def load(self, response_id: str) -> StoredResponse | None:
+        entry = self._records.get(response_id)
+        if entry is None:
+            return None
+        saved_at, data, item_ids = entry
+        if self._ttl is not None and self._clock() - saved_at > self._ttl:
+            del self._records[response_id]
+            self._unindex(response_id, item_ids)
+            return None
+        self._records.move_to_end(response_id)
+        return decode_record(data)
+
+    async def delete(self, response_id: str) -> bool:
+        entry = self._records.pop(response_id, None)
+        if entry is None:
+            return False
+        self._unindex(response_id, entry[2])
+        return True
+
+    async def find_item(self, item_id: str) -> dict[str, Any] | None:
+        response_id = self._items.get(item_id)
+        if response_id is None:
+            return None
+        record = await self.load(response_id)
+        return record.find_item(item_id) if record is not None else None
+
+    async def aclose(self) -> None:
+        self._records.clear()
+        self._items.clear()
+
+    def _unindex(self, response_id: str, item_ids: tuple[str, ...]) -> None:
+        for item_id in item_ids:
+            if self._items.get(item_id) == response_id:
+                del self._items[item_id]

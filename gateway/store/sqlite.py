@@ -1,0 +1,115 @@
+"""SQLite store: the embedded default.  Survives restarts; safe for several
+worker processes on one machine (WAL journal, busy timeout, one transaction
+per record).
+
+sqlite3 blocks, so every call runs in a worker thread; one connection and a
+limiter of one serialise this process's access (the connection is not used
+from two threads at once), and SQLite's own locking serialises processes.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sqlite3
+import time
+from typing import Any
+
+import trio
+
+from .base import StoredResponse, decode_record, encode_record
+
+__all__ = ["SQLiteStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY,
+    data BLOB NOT NULL,
+    saved_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS items (
+    id TEXT PRIMARY KEY,
+    response_id TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS items_by_response ON items(response_id);
+CREATE INDEX IF NOT EXISTS responses_by_age ON responses(saved_at);
+"""
+
+
+class SQLiteStore:
+    def __init__(self, path: str, *, ttl: float | None = None) -> None:
+        if path != ":memory:":
+            pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._ttl = ttl
+        self._conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes; WAL keeps it atomic
+        self._conn.executescript(_SCHEMA)
+        self._limiter = trio.CapacityLimiter(1)
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    async def save(self, record: StoredResponse) -> None:
+        await self._run(self._save, record.id, encode_record(record), record.item_ids())
+
+    def _save(self, response_id: str, data: bytes, item_ids: list[str]) -> None:
+        with _transaction(self._conn):
+            self._conn.execute(
+                "INSERT OR REPLACE INTO responses (id, data, saved_at) VALUES (?, ?, ?)",
+                (response_id, data, time.time()),
+            )
+            self._conn.execute("DELETE FROM items WHERE response_id = ?", (response_id,))
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO items (id, response_id) VALUES (?, ?)",
+                [(item_id, response_id) for item_id in item_ids],
+            )
+
+    async def load(self, response_id: str) -> StoredResponse | None:
+        data = await self._run(self._load, response_id)
+        return decode_record(data) if data is not None else None
+
+    def _load(self, response_id: str) -> bytes | None:
+        row = self._conn.execute("SELECT data, saved_at FROM responses WHERE id = ?", (response_id,)).fetchone()
+        if row is None:
+            return None
+        if self._ttl is not None and time.time() - row[1] > self._ttl:
+            self._delete(response_id)
+            return None
+        return bytes(row[0])
+
+    async def delete(self, response_id: str) -> bool:
+        return bool(await self._run(self._delete, response_id))
+
+    def _delete(self, response_id: str) -> bool:
+        with _transaction(self._conn):
+            gone = self._conn.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount
+            self._conn.execute("DELETE FROM items WHERE response_id = ?", (response_id,))
+        return gone > 0
+
+    async def find_item(self, item_id: str) -> dict[str, Any] | None:
+        data = await self._run(self._find_item, item_id)
+        if data is None:
+            return None
+        return decode_record(data).find_item(item_id)
+
+    def _find_item(self, item_id: str) -> bytes | None:
+        row = self._conn.execute(
+            "SELECT r.id FROM items i JOIN responses r ON r.id = i.response_id WHERE i.id = ?", (item_id,)
+        ).fetchone()
+        return self._load(row[0]) if row is not None else None
+
+    async def aclose(self) -> None:
+        await self._run(self._conn.close)
+
+
+class _transaction:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on error: a record is all or nothing."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
