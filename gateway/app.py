@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, cast
 
@@ -24,6 +24,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .backend import ChatBackend, OpenAICompatibleBackend, passthrough_response_headers
 from . import conversation
+from .background import TERMINAL, BackgroundJob, BackgroundRunner, queued_snapshot
 from .config import Settings
 from .errors import GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
 from .store import ResponseStore, open_store
@@ -60,6 +61,7 @@ class GatewayApp(QuartTrio):
     settings: Settings
     backend: ChatBackend
     store: ResponseStore
+    runner: BackgroundRunner
 
 
 def _json(data: bytes, status: int = 200) -> Response:
@@ -106,9 +108,16 @@ def create_app(
         if store is None:
             owned_store = open_store(settings)
             app.store = owned_store
+        app.runner = BackgroundRunner(app.store, app.backend)
+        await app.nursery.start(app.runner.run)
 
     @app.after_serving
     async def _close_resources() -> None:
+        # Background jobs first: each records that it was cancelled, and the
+        # store must still be open for that.
+        app.runner.shutdown()
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await app.runner.stopped.wait()
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             if owned is not None:
                 await owned.aclose()
@@ -158,9 +167,9 @@ def create_app(
     async def _create_response() -> Response:
         started = trio.current_time()
         req = parse_create_request(await _body_bytes())
-        if req.background:
+        if req.background and req.store is False:
             raise InvalidRequest(
-                "Background mode is not available on this gateway yet.", param="background", code="unsupported_parameter"
+                "Background responses must be stored: 'store' cannot be false.", param="store", code="invalid_value"
             )
         prepared = await conversation.prepare(app.store, req, ids)
         response_id = ids("resp")
@@ -180,6 +189,13 @@ def create_app(
             allowed_tools=plan.allowed_tools,
         )
         model = plan.body["model"]
+        if req.background:
+            record = conversation.record_for(req, prepared, queued_snapshot(translator.response), [])
+            job = await app.runner.start(record, translator, plan.body)
+            _log_request(response_id, model, "queued", 200, started, None)
+            if req.stream:
+                return _event_stream(_follow(job, -1))
+            return _json(orjson.dumps(record.response))
         if req.stream:
 
             def _log_stream(outcome: StreamOutcome) -> None:
@@ -199,7 +215,7 @@ def create_app(
             return response
         events: list[dict[str, Any]] = []
         try:
-            final = await collect_response(app.backend, plan.body, translator, log=events)
+            final = await collect_response(app.backend, plan.body, translator, on_events=events.extend)
         except GatewayError as error:
             _log_request(response_id, model, "failed", error.status, started, None)
             raise
@@ -219,14 +235,38 @@ def create_app(
     @app.get("/v1/responses/<response_id>")
     @app.get("/responses/<response_id>")
     async def _get_response(response_id: str) -> Response:
-        record = await _stored(response_id)
-        if request.args.get("stream", "").lower() not in ("true", "1"):
-            return _json(orjson.dumps(record.response))
+        streaming = request.args.get("stream", "").lower() in ("true", "1")
         after = _int_arg("starting_after", -1)
+        job = app.runner.job(response_id)
+        if job is not None:
+            return _event_stream(_follow(job, after)) if streaming else _json(orjson.dumps(job.snapshot()))
+        record = await _stored(response_id)
+        if not streaming:
+            return _json(orjson.dumps(record.response))
+        if record.response.get("status") in ("queued", "in_progress"):
+            return _event_stream(_follow_store(app.store, response_id, after))  # running on another instance
         body = b"".join(encode_event(e) for e in record.events if e.get("sequence_number", 0) > after)
-        response = Response(body + encode_done(), status=200, content_type="text/event-stream")
-        response.headers["cache-control"] = "no-cache"
-        return response
+        return _event_stream(_once(body + encode_done()))
+
+    @app.post("/v1/responses/<response_id>/cancel")
+    @app.post("/responses/<response_id>/cancel")
+    async def _cancel_response(response_id: str) -> Response:
+        job = app.runner.job(response_id)
+        if job is not None:
+            app.runner.cancel(response_id)
+            with trio.move_on_after(5):
+                await job.finished.wait()
+            return _json(orjson.dumps(job.record.response))
+        record = await _stored(response_id)
+        if not record.response.get("background"):
+            raise InvalidRequest(
+                "Only responses created with background=true can be cancelled.", param="response_id", code="invalid_value"
+            )
+        if record.response.get("status") in ("queued", "in_progress"):
+            # Running on another instance: it sees this within a second and stops.
+            record.response["status"] = "cancelled"
+            await app.store.save(record)
+        return _json(orjson.dumps(record.response))
 
     @app.delete("/v1/responses/<response_id>")
     @app.delete("/responses/<response_id>")
@@ -256,6 +296,52 @@ def create_app(
         return response
 
     return app
+
+
+def _event_stream(body: Any) -> Response:
+    response = Response(body, status=200, content_type="text/event-stream")
+    response.headers["cache-control"] = "no-cache"
+    response.timeout = None
+    return response
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _follow(job: BackgroundJob, after: int) -> AsyncIterator[bytes]:
+    """A running job's events after `after`, live, until it ends (the job goes on if the client leaves)."""
+    index = 0
+    while True:
+        changed = job.changed_event()
+        new = job.events[index:]
+        index += len(new)
+        data = b"".join(encode_event(e) for e in new if e.get("sequence_number", 0) > after)
+        if data:
+            yield data
+        if job.finished.is_set() and index >= len(job.events):
+            break
+        await changed.wait()
+    yield encode_done()
+
+
+_STORE_POLL = 0.5
+
+
+async def _follow_store(store: ResponseStore, response_id: str, after: int) -> AsyncIterator[bytes]:
+    """Follow a response another instance is running, through the store's saves."""
+    while True:
+        record = await store.load(response_id)
+        if record is None:
+            break
+        new = [e for e in record.events if e.get("sequence_number", 0) > after]
+        if new:
+            after = new[-1]["sequence_number"]
+            yield b"".join(encode_event(e) for e in new)
+        if record.response.get("status") in TERMINAL:
+            break
+        await trio.sleep(_STORE_POLL)
+    yield encode_done()
 
 
 def _int_arg(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:

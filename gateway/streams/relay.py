@@ -32,7 +32,7 @@ from .chunks import DONE, ChunkDecoder
 from .sse import encode_comment, encode_done, encode_event
 from .translator import ResponseTranslator
 
-__all__ = ["SSE_HEADERS", "DeferredHeadBody", "ResponseEventStream", "StreamOutcome", "collect_response"]
+__all__ = ["SSE_HEADERS", "DeferredHeadBody", "ResponseEventStream", "StreamOutcome", "collect_response", "fail_with"]
 
 log = logging.getLogger("gateway.relay")
 
@@ -261,10 +261,10 @@ class ResponseEventStream(DeferredHeadBody):
                 if translator.done:
                     break
             if not translator.done:  # the reader stopped without a word
-                await self._emit(out_send, _fail(translator, _cut()), translator)
+                await self._emit(out_send, fail_with(translator, _cut()), translator)
         except Exception:
             log.debug("translator failed", exc_info=True)
-            events = _fail(translator, InternalError("the gateway failed while translating the response"))
+            events = fail_with(translator, InternalError("the gateway failed while translating the response"))
             await self._emit(out_send, events, translator)
         finally:
             self.outcome.status = translator.response.get("status", "failed")
@@ -355,16 +355,16 @@ def _cut() -> BackendStreamError:
 def _translate_message(translator: ResponseTranslator, message: Any) -> list[dict[str, Any]]:
     """Events for one message from the upstream reader: a batch of chunks, an error, or EOF."""
     if isinstance(message, GatewayError):
-        return _fail(translator, message)
+        return fail_with(translator, message)
     if message is _EOF:  # the backend hung up without [DONE]
-        return translator.finish() if translator.finish_reason else _fail(translator, _cut())
+        return translator.finish() if translator.finish_reason else fail_with(translator, _cut())
     events: list[dict[str, Any]] = []
     for chunk in message:
         if chunk is DONE:
             events += translator.finish()
             break
         if isinstance(chunk, GatewayError):
-            events += _fail(translator, chunk)
+            events += fail_with(translator, chunk)
             break
         events += translator.feed(chunk)
     return events
@@ -374,7 +374,8 @@ def _encode(events: list[dict[str, Any]]) -> bytes:
     return b"".join([encode_event(event) for event in events])
 
 
-def _fail(translator: ResponseTranslator, error: GatewayError) -> list[dict[str, Any]]:
+def fail_with(translator: ResponseTranslator, error: GatewayError) -> list[dict[str, Any]]:
+    """The closing events for `error`: `error` then `response.failed`."""
     return translator.fail(error.code or "server_error", error.message, type=error.type, param=error.param)
 
 
@@ -383,17 +384,17 @@ async def collect_response(
     body: dict[str, Any],
     translator: ResponseTranslator,
     *,
-    log: list[dict[str, Any]] | None = None,
+    on_events: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> dict[str, Any]:
     """Run a whole chat stream through the translator; the final response.
 
-    Every event is appended to `log` when one is given.
+    `on_events` receives every batch of events as it is produced.
 
     Raises:
         GatewayError: the backend refused (its 4xx), failed, timed out, or
             reported an error inside the stream.
     """
-    keep = log.extend if log is not None else (lambda events: None)
+    keep = on_events if on_events is not None else (lambda events: None)
     keep(translator.start())
     async with backend.open_chat_stream(body) as upstream:
         decoder = ChunkDecoder()
