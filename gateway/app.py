@@ -28,6 +28,8 @@ from .background import TERMINAL, BackgroundJob, BackgroundRunner, queued_snapsh
 from .config import Settings
 from .errors import GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
 from .store import ResponseStore, open_store
+from .streams.toolloop import ToolLoop
+from .toolbox import ToolSource, request_tools
 from .streams.relay import DeferredHeadBody, ResponseEventStream, StreamOutcome, collect_response
 from .streams.sse import encode_done, encode_event
 from .streams.translator import ResponseTranslator, random_id
@@ -62,6 +64,7 @@ class GatewayApp(QuartTrio):
     backend: ChatBackend
     store: ResponseStore
     runner: BackgroundRunner
+    mcp: ToolSource | None = None
 
 
 def _json(data: bytes, status: int = 200) -> Response:
@@ -78,14 +81,15 @@ def create_app(
     *,
     backend: ChatBackend | None = None,
     store: ResponseStore | None = None,
+    mcp: ToolSource | None = None,
     clock: Callable[[], float] = time.time,
     ids: Callable[[str], str] = random_id,
 ) -> GatewayApp:
     """Build the gateway app from a settings object.
 
-    `backend` and `store` replace the ones the settings would build (they are
-    then the caller's to close); `clock` and `ids` are injected into the
-    translator (tests pin them).
+    `backend`, `store` and `mcp` (a running MCP manager) replace the ones the
+    settings would build (they are then the caller's to run and close);
+    `clock` and `ids` are injected into the translator (tests pin them).
     """
     app = GatewayApp(__name__)
     app.settings = settings
@@ -110,6 +114,17 @@ def create_app(
             app.store = owned_store
         app.runner = BackgroundRunner(app.store, app.backend)
         await app.nursery.start(app.runner.run)
+        if mcp is not None:
+            app.mcp = mcp
+        elif settings.mcp_servers_config_path:
+            from .mcp import MCPManager, load_mcp_config
+
+            manager = MCPManager(
+                load_mcp_config(settings.mcp_servers_config_path), refresh_interval=settings.mcp_tool_refresh_interval
+            )
+            # Servers connect in the background: a slow or broken one blocks nothing.
+            await app.nursery.start(manager.run)
+            app.mcp = manager
 
     @app.after_serving
     async def _close_resources() -> None:
@@ -177,6 +192,20 @@ def create_app(
             req, response_id=response_id, created_at=int(clock()), history=prepared.history, items=prepared.input
         )
         keep = req.store is not False
+        offered = request_tools(
+            app.mcp,
+            client_names=[t["function"]["name"] for t in plan.body.get("tools", ())],
+            enabled=_gateway_tools_enabled(req),
+        )
+        loop = None
+        if offered.routes and plan.allowed_tools is None:
+            plan.body.setdefault("tools", []).extend(offered.chat_tools)
+            loop = ToolLoop(
+                offered,
+                max_rounds=settings.max_tool_call_iterations,
+                call_timeout=settings.mcp_call_timeout,
+                concurrency=settings.mcp_call_concurrency,
+            )
 
         async def _persist(events: list[dict[str, Any]]) -> None:
             await app.store.save(conversation.record_for(req, prepared, dict(translator.response), events))
@@ -187,11 +216,12 @@ def create_app(
             clock=clock,
             reasoning_events=settings.reasoning_events,
             allowed_tools=plan.allowed_tools,
+            gateway_tools=offered.routes if loop is not None else None,
         )
         model = plan.body["model"]
         if req.background:
             record = conversation.record_for(req, prepared, queued_snapshot(translator.response), [])
-            job = await app.runner.start(record, translator, plan.body)
+            job = await app.runner.start(record, translator, plan.body, loop)
             _log_request(response_id, model, "queued", 200, started, None)
             if req.stream:
                 return _event_stream(_follow(job, -1))
@@ -209,13 +239,14 @@ def create_app(
                 heartbeat_interval=settings.heartbeat_interval,
                 on_close=_log_stream,
                 on_terminal=_persist if keep else None,
+                loop=loop,
             )
             response = Response(body, status=200, content_type="text/event-stream")
             response.timeout = None
             return response
         events: list[dict[str, Any]] = []
         try:
-            final = await collect_response(app.backend, plan.body, translator, on_events=events.extend)
+            final = await collect_response(app.backend, plan.body, translator, on_events=events.extend, loop=loop)
         except GatewayError as error:
             _log_request(response_id, model, "failed", error.status, started, None)
             raise
@@ -296,6 +327,14 @@ def create_app(
         return response
 
     return app
+
+
+def _gateway_tools_enabled(req: Any) -> bool:
+    """A request opts out of the gateway's MCP tools by body field or header."""
+    flag = (req.model_extra or {}).get("gateway_tools")
+    if flag is False or flag == "none":
+        return False
+    return request.headers.get("x-gateway-tools", "").lower() not in ("none", "off", "false")
 
 
 def _event_stream(body: Any) -> Response:

@@ -22,6 +22,7 @@ from .backend import ChatBackend
 from .errors import GatewayError, InternalError
 from .store import ResponseStore, StoredResponse
 from .streams.relay import collect_response, fail_with
+from .streams.toolloop import ToolLoop
 from .streams.translator import ResponseTranslator
 
 __all__ = ["BackgroundJob", "BackgroundRunner", "queued_snapshot"]
@@ -92,7 +93,9 @@ class BackgroundRunner:
     def job(self, response_id: str) -> BackgroundJob | None:
         return self._jobs.get(response_id)
 
-    async def start(self, record: StoredResponse, translator: ResponseTranslator, body: dict[str, Any]) -> BackgroundJob:
+    async def start(
+        self, record: StoredResponse, translator: ResponseTranslator, body: dict[str, Any], loop: ToolLoop | None = None
+    ) -> BackgroundJob:
         """Store the queued response, then run it; returns at once.
 
         Raises:
@@ -103,7 +106,7 @@ class BackgroundRunner:
         job = BackgroundJob(record, translator)
         await self._store.save(record)
         self._jobs[job.id] = job
-        self._nursery.start_soon(self._run_job, job, body)
+        self._nursery.start_soon(self._run_job, job, body, loop)
         return job
 
     def cancel(self, response_id: str) -> bool:
@@ -113,14 +116,14 @@ class BackgroundRunner:
         job.scope.cancel()
         return True
 
-    async def _run_job(self, job: BackgroundJob, body: dict[str, Any]) -> None:
+    async def _run_job(self, job: BackgroundJob, body: dict[str, Any], loop: ToolLoop | None) -> None:
         translator = job.translator
         try:
             with job.scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._save_progress, job)
                     try:
-                        await collect_response(self._backend, body, translator, on_events=job.publish)
+                        await collect_response(self._backend, body, translator, on_events=job.publish, loop=loop)
                     except GatewayError as error:
                         if not translator.done:
                             job.publish(fail_with(translator, error))

@@ -84,6 +84,8 @@ class Settings(BaseSettings):
     max_tool_call_iterations: int = Field(25, ge=1, description="Tool-loop rounds before a response stops.")
     mcp_tool_refresh_interval: float = Field(10.0, gt=0, description="Seconds between MCP tool refreshes.")
     mcp_servers_config_path: str | None = Field(None, description="Path of the MCP servers JSON file.")
+    mcp_call_timeout: float = Field(60.0, gt=0, description="Seconds one MCP tool call may take.")
+    mcp_call_concurrency: int = Field(8, ge=1, description="MCP tool calls run at once per response.")
 
     # --- logging -----------------------------------------------------------
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(

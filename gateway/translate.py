@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from .errors import InvalidRequest
 from .wire import (
     CreateResponseRequest,
@@ -32,7 +34,8 @@ __all__ = ["ChatPlan", "TranslateOptions", "plan_chat_request"]
 
 log = logging.getLogger("gateway.translate")
 
-# Hosted tool types a chat backend cannot run; skipped with one warning.
+# Items in input that record the gateway's own work and carry nothing for the model.
+_CONTEXT_ONLY_ITEMS = frozenset({"mcp_list_tools"})
 _ROLE_FOR_CHAT = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
 
@@ -160,6 +163,10 @@ def _input_messages(items: Any, options: TranslateOptions, where: str = "input")
             raise InvalidRequest(
                 f"Item '{item.id}' referenced by '{param}' was not found.", param=param, code="item_not_found"
             )
+        elif item.type == "mcp_call":
+            builder.mcp_call(item)
+        elif item.type in _CONTEXT_ONLY_ITEMS:
+            continue  # records of what the gateway did; nothing for the model to read
         else:
             raise InvalidRequest(
                 f"Input items of type '{item.type}' are not supported by this gateway.",
@@ -216,6 +223,32 @@ class _MessageBuilder:
         if isinstance(name, str) and name:
             message["_name"] = name  # only used if the call never shows up
         self.messages.append(message)
+
+    def mcp_call(self, item: Any) -> None:
+        """A tool call the gateway ran: the model sees its call and its result."""
+        data = item.model_dump()
+        call_id = data.get("id") or "mcp_call"
+        name = data.get("name") or "tool"
+        arguments = data.get("arguments") or "{}"
+        if not isinstance(arguments, str):
+            arguments = orjson.dumps(arguments).decode()
+        last = self.messages[-1] if self.messages else None
+        if last is not None and last["role"] == "assistant" and not self.pending_reasoning:
+            target = last
+            if target.get("content") == "":
+                target["content"] = None
+        else:
+            target = {"role": "assistant", "content": None}
+            self._take_reasoning(target)
+            self.messages.append(target)
+        target.setdefault("tool_calls", []).append(
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        )
+        self.call_owner[call_id] = target
+        error = data.get("error")
+        output = data.get("output")
+        content = f"Error: {error}" if error else (output if isinstance(output, str) else orjson.dumps(output).decode())
+        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
 
     def reasoning(self, item: ReasoningItem) -> None:
         parts = item.content or item.summary

@@ -258,7 +258,12 @@ class ScriptedBackend:
         if model == "hang-before-headers":
             await self._wait_client_left(receive)
             return
-        script = _weather_script(body) if model == "weather" else SCENARIOS.get(model, SCENARIOS["text"])
+        if model == "weather":
+            script = _weather_script(body)
+        elif model.startswith("mcp-"):
+            script = _tool_user_script(model, body)
+        else:
+            script = SCENARIOS.get(model, SCENARIOS["text"])
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         self.stream_started.set()
         async with trio.open_nursery() as nursery:
@@ -288,6 +293,28 @@ class ScriptedBackend:
     async def _wait_client_left(self, receive: Any) -> None:
         with trio.CancelScope() as scope:
             await self._watch_disconnect(receive, scope)
+
+
+def _tool_user_script(model: str, body: dict[str, Any]) -> list[Any]:
+    """A model that uses tools: `mcp-add` adds once and reports, `mcp-mixed` also calls the
+    client's get_weather, `mcp-forever` never stops calling, `mcp-slow` calls `slow`, `mcp-fail` calls `fail`."""
+    messages = body.get("messages") or []
+    results = [m for m in messages if m.get("role") == "tool"]
+    rounds = sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
+    if results and model != "mcp-forever":
+        return [chunk({"content": f"Tool result: {results[-1]['content']}"}), chunk(finish="stop"), usage_chunk(), b"[DONE]"]
+    calls = {
+        "mcp-add": [("add", '{"a": 2, "b": 3}')],
+        "mcp-forever": [("add", '{"a": %d, "b": 1}' % rounds)],
+        "mcp-mixed": [("add", '{"a": 1, "b": 1}'), ("get_weather", '{"city": "Oslo"}')],
+        "mcp-slow": [("slow", '{"seconds": 30}')],
+        "mcp-fail": [("fail", '{"message": "boom"}')],
+        "mcp-parallel": [("add", '{"a": 1, "b": 2}'), ("echo", '{"text": "hi"}')],
+    }[model]
+    script: list[Any] = [chunk({"content": "Let me use a tool."})]
+    for index, (name, args) in enumerate(calls):
+        script.append(chunk(call_delta(index, id=f"call_{model}_{rounds}_{index}", name=name, args=args)))
+    return script + [chunk(finish="tool_calls"), usage_chunk(), b"[DONE]"]
 
 
 def _weather_script(body: dict[str, Any]) -> list[Any]:

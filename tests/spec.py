@@ -78,8 +78,60 @@ def _cached_validator(name: str) -> jsonschema.Draft202012Validator:
     return _validator(name)
 
 
+# OpenAI's MCP extensions (not in the Open Responses spec), in OpenAI's published shapes.
+_STR = {"type": "string"}
+_NULLABLE_STR = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+_ITEM_EVENT = {"type": "object", "required": ["type", "sequence_number", "item_id", "output_index"]}
+EXTENSION_EVENTS: dict[str, dict[str, Any]] = {
+    "response.mcp_call_arguments.delta": {**_ITEM_EVENT, "required": [*_ITEM_EVENT["required"], "delta"]},
+    "response.mcp_call_arguments.done": {**_ITEM_EVENT, "required": [*_ITEM_EVENT["required"], "arguments"]},
+    "response.mcp_call.in_progress": _ITEM_EVENT,
+    "response.mcp_call.completed": _ITEM_EVENT,
+    "response.mcp_call.failed": _ITEM_EVENT,
+    "response.mcp_list_tools.in_progress": _ITEM_EVENT,
+    "response.mcp_list_tools.completed": _ITEM_EVENT,
+    "response.mcp_list_tools.failed": _ITEM_EVENT,
+}
+EXTENSION_ITEMS: dict[str, dict[str, Any]] = {
+    "mcp_call": {
+        "type": "object",
+        "required": ["id", "type", "server_label", "name", "arguments"],
+        "properties": {"id": _STR, "server_label": _STR, "name": _STR, "arguments": _STR, "output": _NULLABLE_STR, "error": _NULLABLE_STR},
+    },
+    "mcp_list_tools": {
+        "type": "object",
+        "required": ["id", "type", "server_label", "tools"],
+        "properties": {"id": _STR, "server_label": _STR, "tools": {"type": "array"}},
+    },
+    "mcp_approval_request": {
+        "type": "object",
+        "required": ["id", "type", "server_label", "name", "arguments"],
+        "properties": {"id": _STR, "server_label": _STR, "name": _STR, "arguments": _STR},
+    },
+}
+
+
+def _without_extensions(response: dict[str, Any]) -> dict[str, Any]:
+    output = []
+    for item in response.get("output") or []:
+        schema = EXTENSION_ITEMS.get(item.get("type"))
+        if schema is None:
+            output.append(item)
+        else:
+            jsonschema.validate(item, schema)
+    return dict(response, output=output)
+
+
 def validate_event(event: dict[str, Any]) -> None:
     kind = event["type"]
+    if kind in EXTENSION_EVENTS:
+        jsonschema.validate(event, EXTENSION_EVENTS[kind])
+        return
+    if kind in ("response.output_item.added", "response.output_item.done") and event["item"]["type"] in EXTENSION_ITEMS:
+        jsonschema.validate(event["item"], EXTENSION_ITEMS[event["item"]["type"]])
+        return
+    if "response" in event:
+        event = dict(event, response=_without_extensions(event["response"]))
     name = EVENT_SCHEMAS[kind]
     candidate = event
     if kind.startswith("response.reasoning_text."):
@@ -88,4 +140,4 @@ def validate_event(event: dict[str, Any]) -> None:
 
 
 def validate_response(response: dict[str, Any]) -> None:
-    _cached_validator("ResponseResource").validate(response)
+    _cached_validator("ResponseResource").validate(_without_extensions(response))

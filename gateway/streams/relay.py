@@ -30,7 +30,8 @@ from ..backend import ChatBackend
 from ..errors import BackendStatusError, BackendStreamError, GatewayError, InternalError, error_json
 from .chunks import DONE, ChunkDecoder
 from .sse import encode_comment, encode_done, encode_event
-from .translator import ResponseTranslator
+from .toolloop import ToolLoop, ToolOutcome, next_round_body
+from .translator import ResponseTranslator, RoundCall
 
 __all__ = ["SSE_HEADERS", "DeferredHeadBody", "ResponseEventStream", "StreamOutcome", "collect_response", "fail_with"]
 
@@ -89,9 +90,12 @@ class ResponseEventStream(DeferredHeadBody):
         heartbeat_interval: float,
         on_close: Callable[[StreamOutcome], None] | None = None,
         on_terminal: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None,
+        loop: ToolLoop | None = None,
     ) -> None:
         """`on_terminal` receives every event of the stream and is awaited
-        before the terminal event is sent (to store the response first)."""
+        before the terminal event is sent (to store the response first).
+        `loop` runs gateway tools between backend calls (several rounds)."""
+        self._loop = loop
         self._backend = backend
         self._on_terminal = on_terminal
         self._log: list[dict[str, Any]] | None = [] if on_terminal is not None else None
@@ -120,10 +124,18 @@ class ResponseEventStream(DeferredHeadBody):
         nursery = await self._nursery_cm.__aenter__()
         chunk_send, chunk_recv = trio.open_memory_channel[Any](64)
         out_send, out_recv = trio.open_memory_channel[bytes](256)
+        # The translator asks the reader for each round: the first body, then
+        # (with a tool loop) one more per round of gateway tool calls.
+        round_send, round_recv = trio.open_memory_channel[dict[str, Any]](1)
+        round_send.send_nowait(self._body)
+        rounds: trio.MemorySendChannel[dict[str, Any]] | None = round_send
+        if self._loop is None:
+            round_send.close()
+            rounds = None
         self._out_recv = out_recv
-        nursery.start_soon(self._run_upstream, chunk_send)
+        nursery.start_soon(self._run_upstream, chunk_send, round_recv)
         nursery.start_soon(self._run_heartbeat, out_send.clone())
-        nursery.start_soon(self._run_translator, chunk_recv, out_send)
+        nursery.start_soon(self._run_translator, chunk_recv, out_send, rounds)
         return self
 
     async def head(self) -> tuple[int, dict[str, str]]:
@@ -195,51 +207,64 @@ class ResponseEventStream(DeferredHeadBody):
 
     # --- siblings ----------------------------------------------------------------
 
-    async def _run_upstream(self, chunk_send: trio.MemorySendChannel[Any]) -> None:
-        async with chunk_send:
+    async def _run_upstream(
+        self, chunk_send: trio.MemorySendChannel[Any], round_recv: trio.MemoryReceiveChannel[dict[str, Any]]
+    ) -> None:
+        async with chunk_send, round_recv:
             with self._upstream_scope:
-                try:
-                    async with self._backend.open_chat_stream(self._body) as upstream:
-                        self._upstream_answered.set()
-                        decoder = ChunkDecoder()
-                        eager = _EAGER_BATCHES
-                        window_end = trio.current_time() + _BATCH_WINDOW
-                        async for data in upstream:
-                            batch = decoder.decode(data)
-                            if batch:
-                                await _send_soon(chunk_send, batch)
-                                # Batching buys throughput but must not hold
-                                # tokens back: the first batches leave at once,
-                                # later ones at least every _BATCH_WINDOW.
-                                if eager or trio.current_time() >= window_end:
-                                    eager = max(0, eager - 1)
-                                    await trio.lowlevel.checkpoint()
-                                    window_end = trio.current_time() + _BATCH_WINDOW
-                            if decoder.finished:
-                                if decoder.saw_done:
-                                    await _drain(upstream)
-                                return
-                        batch = decoder.flush()
-                        if batch:
-                            await chunk_send.send(batch)
-                        if not decoder.finished:
-                            await chunk_send.send(_EOF)
-                except GatewayError as error:
-                    self._upstream_error = error
-                    self._upstream_answered.set()
-                    await chunk_send.send(error)
-                except Exception:
-                    log.debug("upstream reader failed", exc_info=True)
-                    self._upstream_answered.set()
-                    await chunk_send.send(InternalError("the gateway failed while reading the backend"))
+                async for body in round_recv:
+                    await self._read_round(body, chunk_send)
+
+    async def _read_round(self, body: dict[str, Any], chunk_send: trio.MemorySendChannel[Any]) -> None:
+        try:
+            async with self._backend.open_chat_stream(body) as upstream:
+                self._upstream_answered.set()
+                decoder = ChunkDecoder()
+                eager = _EAGER_BATCHES
+                window_end = trio.current_time() + _BATCH_WINDOW
+                async for data in upstream:
+                    batch = decoder.decode(data)
+                    if batch:
+                        await _send_soon(chunk_send, batch)
+                        # Batching buys throughput but must not hold
+                        # tokens back: the first batches leave at once,
+                        # later ones at least every _BATCH_WINDOW.
+                        if eager or trio.current_time() >= window_end:
+                            eager = max(0, eager - 1)
+                            await trio.lowlevel.checkpoint()
+                            window_end = trio.current_time() + _BATCH_WINDOW
+                    if decoder.finished:
+                        if decoder.saw_done:
+                            await _drain(upstream)
+                        return
+                batch = decoder.flush()
+                if batch:
+                    await chunk_send.send(batch)
+                if not decoder.finished:
+                    await chunk_send.send(_EOF)
+        except GatewayError as error:
+            self._upstream_error = error
+            self._upstream_answered.set()
+            await chunk_send.send(error)
+        except Exception:
+            log.debug("upstream reader failed", exc_info=True)
+            self._upstream_answered.set()
+            await chunk_send.send(InternalError("the gateway failed while reading the backend"))
 
     async def _run_translator(
-        self, chunk_recv: trio.MemoryReceiveChannel[Any], out_send: trio.MemorySendChannel[bytes]
+        self,
+        chunk_recv: trio.MemoryReceiveChannel[Any],
+        out_send: trio.MemorySendChannel[bytes],
+        round_send: trio.MemorySendChannel[dict[str, Any]] | None,
     ) -> None:
         translator = self._translator
         async with out_send, chunk_recv:
             with self._translator_scope:
-                await self._translate(translator, chunk_recv, out_send)
+                if round_send is None:
+                    await self._translate(translator, chunk_recv, out_send)
+                else:
+                    async with round_send:
+                        await self._translate_rounds(translator, chunk_recv, out_send, round_send)
 
     async def _translate(
         self,
@@ -271,6 +296,62 @@ class ResponseEventStream(DeferredHeadBody):
             self._upstream_scope.cancel()
             self._heartbeat_scope.cancel()
         await out_send.send(encode_done())
+
+    async def _translate_rounds(
+        self,
+        translator: ResponseTranslator,
+        chunk_recv: trio.MemoryReceiveChannel[Any],
+        out_send: trio.MemorySendChannel[bytes],
+        round_send: trio.MemorySendChannel[dict[str, Any]],
+    ) -> None:
+        loop = self._loop
+        assert loop is not None
+        body = self._body
+        try:
+            await self._emit(out_send, translator.start(), translator)
+            end = _RoundEnd()
+            text: list[str] = []
+            async for message in chunk_recv:
+                events = _translate_message(translator, message, end)
+                while not translator.done and not end.ended:
+                    try:
+                        events += _translate_message(translator, chunk_recv.receive_nowait(), end)
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                if end.ended:
+                    end.ended = False
+                    closing, calls = translator.end_round()
+                    events += closing
+                    text += [e["text"] for e in events if e["type"] == "response.output_text.done"]
+                    await self._emit(out_send, events, translator)
+                    step = await _after_round(loop, translator, body, "".join(text), calls, self._emit_to(out_send))
+                    text = []
+                    if step is None:
+                        break
+                    body = step
+                    await round_send.send(body)
+                    continue
+                text += [e["text"] for e in events if e["type"] == "response.output_text.done"]
+                await self._emit(out_send, events, translator)
+                if translator.done:
+                    break
+            if not translator.done:
+                await self._emit(out_send, fail_with(translator, _cut()), translator)
+        except Exception:
+            log.debug("tool loop failed", exc_info=True)
+            events = fail_with(translator, InternalError("the gateway failed while running the response"))
+            await self._emit(out_send, events, translator)
+        finally:
+            self.outcome.status = translator.response.get("status", "failed")
+            self._upstream_scope.cancel()
+            self._heartbeat_scope.cancel()
+        await out_send.send(encode_done())
+
+    def _emit_to(self, out_send: trio.MemorySendChannel[bytes]) -> Callable[[list[dict[str, Any]]], Awaitable[None]]:
+        async def emit(events: list[dict[str, Any]]) -> None:
+            await self._emit(out_send, events, self._translator)
+
+        return emit
 
     async def _emit(
         self, out_send: trio.MemorySendChannel[bytes], events: list[dict[str, Any]], translator: ResponseTranslator
@@ -352,16 +433,33 @@ def _cut() -> BackendStreamError:
     )
 
 
-def _translate_message(translator: ResponseTranslator, message: Any) -> list[dict[str, Any]]:
-    """Events for one message from the upstream reader: a batch of chunks, an error, or EOF."""
+class _RoundEnd:
+    """Ends a round instead of the response: the tool loop decides what follows."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def __call__(self) -> list[dict[str, Any]]:
+        self.ended = True
+        return []
+
+
+def _translate_message(
+    translator: ResponseTranslator, message: Any, end: Callable[[], list[dict[str, Any]]] | None = None
+) -> list[dict[str, Any]]:
+    """Events for one message from the upstream reader: a batch of chunks, an error, or EOF.
+
+    The backend's stream ending calls `end` (default: finish the response).
+    """
+    finish = end if end is not None else translator.finish
     if isinstance(message, GatewayError):
         return fail_with(translator, message)
     if message is _EOF:  # the backend hung up without [DONE]
-        return translator.finish() if translator.finish_reason else fail_with(translator, _cut())
+        return finish() if translator.finish_reason else fail_with(translator, _cut())
     events: list[dict[str, Any]] = []
     for chunk in message:
         if chunk is DONE:
-            events += translator.finish()
+            events += finish()
             break
         if isinstance(chunk, GatewayError):
             events += fail_with(translator, chunk)
@@ -379,12 +477,41 @@ def fail_with(translator: ResponseTranslator, error: GatewayError) -> list[dict[
     return translator.fail(error.code or "server_error", error.message, type=error.type, param=error.param)
 
 
+async def _after_round(
+    loop: ToolLoop,
+    translator: ResponseTranslator,
+    body: dict[str, Any],
+    text: str,
+    calls: list[RoundCall],
+    emit: Callable[[list[dict[str, Any]]], Awaitable[None]],
+) -> dict[str, Any] | None:
+    """Run the round's gateway calls; the next round's body, or None when the response ended."""
+    gateway_calls = [c for c in calls if c.server is not None]
+    results: dict[str, ToolOutcome] = {}
+    if gateway_calls:
+
+        async def on_result(call: RoundCall, outcome: ToolOutcome) -> None:
+            await emit(translator.complete_mcp_call(call.item_id, output=outcome.output, error=outcome.error))
+
+        results = await loop.run_calls(gateway_calls, on_result)
+    loop.rounds += 1
+    if not gateway_calls or len(gateway_calls) < len(calls):
+        # Nothing for the gateway to answer, or the client has calls to run.
+        await emit(translator.finish())
+        return None
+    if loop.rounds >= loop.max_rounds:
+        await emit(translator.finish(incomplete_reason="max_tool_calls"))
+        return None
+    return next_round_body(body, text, gateway_calls, results)
+
+
 async def collect_response(
     backend: ChatBackend,
     body: dict[str, Any],
     translator: ResponseTranslator,
     *,
     on_events: Callable[[list[dict[str, Any]]], None] | None = None,
+    loop: ToolLoop | None = None,
 ) -> dict[str, Any]:
     """Run a whole chat stream through the translator; the final response.
 
@@ -396,18 +523,38 @@ async def collect_response(
     """
     keep = on_events if on_events is not None else (lambda events: None)
     keep(translator.start())
-    async with backend.open_chat_stream(body) as upstream:
-        decoder = ChunkDecoder()
-        async for data in upstream:
-            keep(_translate_message(translator, decoder.decode(data)))
-            if decoder.finished or translator.done:
-                if decoder.saw_done:
-                    with trio.move_on_after(_DRAIN_GRACE):
-                        await _drain(upstream)
-                break
-        else:
-            keep(_translate_message(translator, decoder.flush()))
-            keep(_translate_message(translator, _EOF))
+    end = _RoundEnd() if loop is not None else None
+    next_body: dict[str, Any] | None = body
+    while next_body is not None:
+        body = next_body
+        next_body = None
+        text: list[str] = []
+
+        def record(events: list[dict[str, Any]]) -> None:
+            text.extend(e["text"] for e in events if e["type"] == "response.output_text.done")
+            keep(events)
+
+        async with backend.open_chat_stream(body) as upstream:
+            decoder = ChunkDecoder()
+            async for data in upstream:
+                record(_translate_message(translator, decoder.decode(data), end))
+                if decoder.finished or translator.done:
+                    if decoder.saw_done:
+                        with trio.move_on_after(_DRAIN_GRACE):
+                            await _drain(upstream)
+                    break
+            else:
+                record(_translate_message(translator, decoder.flush(), end))
+                record(_translate_message(translator, _EOF, end))
+        if end is not None and end.ended and loop is not None:
+            end.ended = False
+            closing, calls = translator.end_round()
+            record(closing)
+
+            async def emit(events: list[dict[str, Any]]) -> None:
+                keep(events)
+
+            next_body = await _after_round(loop, translator, body, "".join(text), calls, emit)
     response = translator.response
     if response["status"] == "failed":
         error = response.get("error") or {}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -32,7 +33,7 @@ import orjson
 
 from ..errors import error_fields
 
-__all__ = ["ResponseTranslator", "random_id", "usage_from_chat"]
+__all__ = ["ResponseTranslator", "RoundCall", "random_id", "usage_from_chat"]
 
 Event = dict[str, Any]
 
@@ -43,6 +44,33 @@ _REASONING_EVENT_NAMES = {
     "openai": ("response.reasoning_text.delta", "response.reasoning_text.done"),
     "spec": ("response.reasoning.delta", "response.reasoning.done"),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class RoundCall:
+    """A tool call the model made in one backend call."""
+
+    item_id: str
+    call_id: str
+    name: str
+    arguments: str
+    server: str | None  # the gateway tool's server label; None for the client's own functions
+
+
+def _sum_usage(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Chat usage objects added together (token counts and their details)."""
+    if not isinstance(a, Mapping):
+        return dict(b) if isinstance(b, Mapping) else None
+    if not isinstance(b, Mapping):
+        return dict(a)
+    out: dict[str, Any] = {}
+    for key in set(a) | set(b):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, Mapping) or isinstance(y, Mapping):
+            out[key] = _sum_usage(x if isinstance(x, Mapping) else None, y if isinstance(y, Mapping) else None)
+        elif isinstance(x, int) or isinstance(y, int):
+            out[key] = _int(x) + _int(y)
+    return out
 
 
 def random_id(prefix: str) -> str:
@@ -99,7 +127,7 @@ class _Reasoning:
 
 
 class _Call:
-    __slots__ = ("index", "id", "call_id", "backend_id", "name", "chunks", "pending", "suppressed")
+    __slots__ = ("index", "id", "call_id", "backend_id", "name", "chunks", "pending", "suppressed", "server")
 
     def __init__(self, backend_id: str | None) -> None:
         self.index = -1  # output_index once the item is opened
@@ -110,6 +138,7 @@ class _Call:
         self.chunks: list[str] = []
         self.pending: list[str] = []  # argument fragments seen before the name
         self.suppressed = False
+        self.server: str | None = None  # set when the gateway runs this call (an mcp_call item)
 
 
 class ResponseTranslator:
@@ -123,6 +152,7 @@ class ResponseTranslator:
         clock: Callable[[], float],
         reasoning_events: Literal["openai", "spec"] = "openai",
         allowed_tools: Iterable[str] | None = None,
+        gateway_tools: Mapping[str, str] | None = None,
     ) -> None:
         """`response` is the `ResponseResource` skeleton (id, echoed settings).
 
@@ -134,6 +164,11 @@ class ResponseTranslator:
         self._clock = clock
         self._reasoning_delta, self._reasoning_done = _REASONING_EVENT_NAMES[reasoning_events]
         self._allowed = None if allowed_tools is None else frozenset(allowed_tools)
+        # name -> server label: calls the gateway runs itself become mcp_call items.
+        self._gateway_tools = dict(gateway_tools or {})
+        self._round_calls: list[RoundCall] = []
+        self._pending_mcp: dict[str, dict[str, Any]] = {}  # item id -> mcp_call item awaiting its result
+        self._usage_total: dict[str, Any] | None = None
         self._seq = 0
         self._slots: list[dict[str, Any] | None] = []
         self._message: _Message | None = None
@@ -219,17 +254,22 @@ class ResponseTranslator:
             events += self.feed(chunk)
         return events
 
-    def finish(self) -> list[Event]:
-        """The backend's stream is over ([DONE], or ended after a finish_reason)."""
+    def finish(self, *, incomplete_reason: str | None = None) -> list[Event]:
+        """The backend's stream is over ([DONE], or ended after a finish_reason).
+
+        `incomplete_reason` ends the response as incomplete whatever the
+        backend said (the tool loop uses it when it runs out of rounds).
+        """
         if self.done:
             return []
         events = self.start() if not self.started else []
-        reason = _INCOMPLETE_REASONS.get(self._finish_reason or "")
+        reason = incomplete_reason or _INCOMPLETE_REASONS.get(self._finish_reason or "")
+        self._fail_pending_mcp("the response ended before the tool call finished", events)
         item_status = "incomplete" if reason else "completed"
         self._close_all(item_status, events)
         response = self.response
         response["output"] = self._final_output()
-        response["usage"] = usage_from_chat(self._usage)
+        response["usage"] = usage_from_chat(self._total_usage())
         if reason:
             response["status"] = "incomplete"
             response["incomplete_details"] = {"reason": reason}
@@ -247,18 +287,62 @@ class ResponseTranslator:
             return []
         events = self.start() if not self.started else []
         self._close_all("incomplete", events)
+        self._fail_pending_mcp("the response failed before the tool call finished", events)
         error = {"type": type, "code": code, "message": message, "param": param}
         # The spec nests the payload under "error"; OpenAI's SDKs read the
         # same fields at the top level.  Both are sent.
         events.append(self._event("error", error=error, code=code, message=message, param=param))
         response = self.response
         response["output"] = self._final_output()
-        response["usage"] = usage_from_chat(self._usage)
+        response["usage"] = usage_from_chat(self._total_usage())
         response["status"] = "failed"
         response["error"] = {"code": code, "message": message}
         events.append(self._event("response.failed", response=self._snapshot()))
         self.done = True
         return events
+
+    # --------------------------------------------------------------- rounds
+
+    def end_round(self) -> tuple[list[Event], list[RoundCall]]:
+        """Close this backend call's items without ending the response.
+
+        Returns the closing events and the calls the model made in the
+        round, in output order.  Calls to gateway tools stay open (as
+        `mcp_call` items in progress) until `complete_mcp_call`.
+        """
+        if self.done:
+            return [], []
+        events = self.start() if not self.started else []
+        self._close_all("completed", events)
+        calls, self._round_calls = self._round_calls, []
+        self._add_round_usage()
+        self._finish_reason = None
+        return events, calls
+
+    def complete_mcp_call(self, item_id: str, *, output: str | None = None, error: str | None = None) -> list[Event]:
+        """The result of a gateway tool call: `mcp_call.completed` or `.failed`, then the item is done."""
+        item = self._pending_mcp.pop(item_id, None)
+        if item is None or self.done:
+            return []
+        index = item.pop("_index")
+        failed = error is not None
+        item.update(output=output, error=error, status="failed" if failed else "completed")
+        kind = "response.mcp_call.failed" if failed else "response.mcp_call.completed"
+        events = [self._event(kind, item_id=item_id, output_index=index)]
+        self._slots[index] = item
+        events.append(self._event("response.output_item.done", output_index=index, item=dict(item)))
+        return events
+
+    def _fail_pending_mcp(self, message: str, events: list[Event]) -> None:
+        for item_id in list(self._pending_mcp):
+            events += self.complete_mcp_call(item_id, error=message)
+
+    def _add_round_usage(self) -> None:
+        self._usage_total = _sum_usage(self._usage_total, self._usage)
+        self._usage = None
+
+    def _total_usage(self) -> Mapping[str, Any] | None:
+        return _sum_usage(self._usage_total, self._usage)
 
     # ------------------------------------------------------------ internals
 
@@ -459,11 +543,8 @@ class ResponseTranslator:
 
     def _append_arguments(self, call: _Call, arguments: str, events: list[Event]) -> None:
         call.chunks.append(arguments)
-        events.append(
-            self._event(
-                "response.function_call_arguments.delta", item_id=call.id, output_index=call.index, delta=arguments
-            )
-        )
+        kind = "response.mcp_call_arguments.delta" if call.server is not None else "response.function_call_arguments.delta"
+        events.append(self._event(kind, item_id=call.id, output_index=call.index, delta=arguments))
 
     def _open_pending(self, events: list[Event], status: str = "completed") -> None:
         for call in self._unopened[:]:
@@ -479,24 +560,33 @@ class ResponseTranslator:
         self._close_reasoning(events)
         self._close_message(status, events)
         call.index = self._new_slot()
-        call.id = self._ids("fc")
+        server = self._gateway_tools.get(call.name)
+        call.id = self._ids("mcp" if server is not None else "fc")
         if not call.call_id:
             call.call_id = self._ids("call")
         self._open_calls.append(call)
-        events.append(
-            self._event(
-                "response.output_item.added",
-                output_index=call.index,
-                item={
-                    "id": call.id,
-                    "type": "function_call",
-                    "status": "in_progress",
-                    "call_id": call.call_id,
-                    "name": call.name,
-                    "arguments": "",
-                },
-            )
-        )
+        if server is not None:
+            call.server = server
+            item = {
+                "id": call.id,
+                "type": "mcp_call",
+                "server_label": server,
+                "name": call.name,
+                "arguments": "",
+                "output": None,
+                "error": None,
+                "status": "in_progress",
+            }
+        else:
+            item = {
+                "id": call.id,
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": "",
+            }
+        events.append(self._event("response.output_item.added", output_index=call.index, item=item))
         if call.pending:
             arguments = "".join(call.pending)
             call.pending = []
@@ -504,6 +594,26 @@ class ResponseTranslator:
 
     def _close_call(self, call: _Call, status: str, events: list[Event]) -> None:
         arguments = "".join(call.chunks)
+        self._round_calls.append(
+            RoundCall(item_id=call.id, call_id=call.call_id, name=call.name, arguments=arguments, server=call.server)
+        )
+        if call.server is not None:
+            # Arguments are complete; the item stays open until the tool answers.
+            common = {"item_id": call.id, "output_index": call.index}
+            events.append(self._event("response.mcp_call_arguments.done", **common, arguments=arguments))
+            events.append(self._event("response.mcp_call.in_progress", **common))
+            self._pending_mcp[call.id] = {
+                "id": call.id,
+                "type": "mcp_call",
+                "server_label": call.server,
+                "name": call.name,
+                "arguments": arguments,
+                "output": None,
+                "error": None,
+                "status": "in_progress",
+                "_index": call.index,
+            }
+            return
         events.append(
             self._event(
                 "response.function_call_arguments.done",
