@@ -24,6 +24,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .backend import ChatBackend, OpenAICompatibleBackend, passthrough_response_headers
 from . import conversation
+from .chat_loop import ChatLoopStream, run_chat_loop
 from .background import TERMINAL, BackgroundJob, BackgroundRunner, queued_snapshot
 from .config import Settings
 from .errors import GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
@@ -311,6 +312,45 @@ def create_app(
     async def _input_items(response_id: str) -> Response:
         record = await _stored(response_id)
         return _json(orjson.dumps(_page(record.input_items)))
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def _chat_completions() -> Response:
+        raw = await _body_bytes()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise InvalidRequest("the request body is not valid JSON", code="invalid_json") from None
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            raise InvalidRequest("Missing required parameter: 'messages'.", param="messages", code="missing_required_parameter")
+        own = [t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)]
+        enabled = body.pop("gateway_tools", True) not in (False, "none") and request.headers.get(
+            "x-gateway-tools", ""
+        ).lower() not in ("none", "off", "false")
+        offered = request_tools(app.mcp, client_names=[n for n in own if n], enabled=enabled)
+        if not offered.routes or body.get("tool_choice") == "none":
+            passthrough = _PassthroughBody(
+                app.backend, "POST", "chat/completions", request.query_string, dict(request.headers), orjson.dumps(body)
+            )
+            response = Response(passthrough)
+            response.timeout = None
+            return response
+        body["tools"] = [*(body.get("tools") or []), *offered.chat_tools]
+        loop = ToolLoop(
+            offered,
+            max_rounds=settings.max_tool_call_iterations,
+            call_timeout=settings.mcp_call_timeout,
+            concurrency=settings.mcp_call_concurrency,
+        )
+        names = set(offered.routes)
+        if body.get("stream"):
+            stream = ChatLoopStream(
+                backend=app.backend, body=body, loop=loop, gateway_tools=names, heartbeat_interval=settings.heartbeat_interval
+            )
+            response = Response(stream, content_type="text/event-stream")
+            response.timeout = None
+            return response
+        return _json(orjson.dumps(await run_chat_loop(app.backend, body, loop, names)))
 
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def _passthrough(path: str) -> Response:
