@@ -19,6 +19,7 @@ _LAB_COMMANDS = {
     "simulate-backend": ("gateway.lab.simulator", "a deterministic Chat Completions server for load tests"),
     "loadtest": ("gateway.lab.loadtest", "concurrent streams against a Responses or Chat Completions endpoint"),
     "bench": ("gateway.lab.bench", "start simulator and gateway, run the standard scenarios, print one table"),
+    "mcp": ("gateway.mcp.cli", "MCP servers: `gateway mcp list` connects to each and prints its tools"),
 }
 
 

@@ -34,10 +34,29 @@ _SETTINGS_VARIABLES = {name.upper() for name in Settings.model_fields}
 class GatewayProcess:
     url: str
     process: trio.Process
-    stderr: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)  # all it has logged so far, for diagnosis
 
     def sdk(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="x", max_retries=0)
+
+
+class LineReader:
+    """Lines from a process's pipe, as they arrive."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self.buffer = bytearray()
+
+    async def readline(self) -> str:
+        """The next line, without its newline.  Raises EOFError when the pipe closes first."""
+        while b"\n" not in self.buffer:
+            data = await self._stream.receive_some()
+            if not data:
+                raise EOFError(self.buffer.decode(errors="replace"))
+            self.buffer += data
+        line, _, rest = bytes(self.buffer).partition(b"\n")
+        self.buffer = bytearray(rest)
+        return line.decode(errors="replace")
 
 
 async def run_gateway_process(
@@ -49,7 +68,7 @@ async def run_gateway_process(
     """
     environ = {k: v for k, v in os.environ.items() if k.upper() not in _SETTINGS_VARIABLES}
     environ.update({"API_ADAPTER_HOST": "127.0.0.1", "API_ADAPTER_PORT": "0", **env})
-    marker = b"serving the Responses gateway on "
+    marker = "serving the Responses gateway on "
     async with trio.open_nursery() as nursery:
         process: trio.Process = await nursery.start(
             functools.partial(
@@ -63,16 +82,13 @@ async def run_gateway_process(
             )
         )
         assert process.stderr is not None
-        log = bytearray()
+        reader = LineReader(process.stderr)
+        seen: list[str] = []
         with trio.fail_after(STARTUP_SECONDS):
-            async for data in process.stderr:
-                log += data
-                if marker in log and b"\n" in log.split(marker, 1)[1]:
-                    break
-            else:
-                raise RuntimeError(f"the gateway exited before serving:\n{log.decode(errors='replace')}")
-        url = log.split(marker, 1)[1].split(b" ", 1)[0].decode()
-        gateway = GatewayProcess(url, process, log)
+            while marker not in (line := await reader.readline()):
+                seen.append(line)
+        url = line.split(marker, 1)[1].split(" ", 1)[0]
+        gateway = GatewayProcess(url, process, bytearray("\n".join([*seen, line, ""]).encode()) + reader.buffer)
         task_status.started(gateway)
         # A full pipe would block the gateway's logging, and with it the gateway.
         async for data in process.stderr:
@@ -111,7 +127,7 @@ def user_and_assistant_texts(messages: list[dict[str, Any]]) -> list[tuple[str, 
 async def create(http: httpx2.AsyncClient, url: str, **body: Any) -> dict[str, Any]:
     r = await http.post(url + "/v1/responses", json={"model": "text", **body})
     assert r.status_code == 200, r.text
-    return r.json()  # type: ignore[no-any-return]
+    return r.json()
 
 
 @pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (.ci/run installs it)")
@@ -148,7 +164,7 @@ async def test_two_gateways_on_one_redis_share_conversations_and_deletions(tmp_p
                 assert via_a.status_code == via_b.status_code == 200
                 assert via_b.json() == via_a.json() == first_json
                 items = await sdk_b.responses.input_items.list(first.id)
-                assert [item.content[0].text for item in items.data] == ["My name is Ada."]  # type: ignore[union-attr]
+                assert [item.model_dump()["content"][0]["text"] for item in items.data] == ["My name is Ada."]
 
                 await sdk_b.responses.delete(first.id)
                 with pytest.raises(openai.NotFoundError) as gone:
@@ -173,7 +189,8 @@ async def test_a_gateway_killed_mid_stream_leaves_the_sqlite_store_intact(tmp_pa
             processes.append(first_gateway.process)
             url = first_gateway.url
             async with first_gateway.sdk() as sdk:
-                created = [(await sdk.responses.with_raw_response.create(model="text", input="one")).http_response.json()]
+                raw = await sdk.responses.with_raw_response.create(model="text", input="one")
+                created = [raw.http_response.json()]
             created.append(await create(http, url, input="two", previous_response_id=created[0]["id"]))
             created.append(await create(http, url, input=[{"role": "user", "content": "three"}]))
 
@@ -227,7 +244,7 @@ async def test_two_gateways_on_one_sqlite_file_read_each_others_responses(tmp_pa
     processes: list[trio.Process] = []
     with trio.fail_after(STARTUP_SECONDS + 20):
         async with trio.open_nursery() as nursery, httpx2.AsyncClient(timeout=10) as http:
-            # Started together: both create the schema on a file that does not exist yet.
+            # Started together: both set up a file that does not exist yet (see the store test below).
             a, b = await start_gateways(
                 nursery,
                 tmp_path,
@@ -260,3 +277,52 @@ async def test_two_gateways_on_one_sqlite_file_read_each_others_responses(tmp_pa
             nursery.cancel_scope.cancel()
     assert all(process.returncode is not None for process in processes)
     assert await trio.to_thread.run_sync(integrity_check, database) == "ok"
+
+
+# Imports the store, says "opening", opens the file named in argv and says
+# "ok" or the error it got.
+_OPEN_STORE = """
+import sys
+from gateway.store.sqlite import SQLiteStore
+
+print("opening", flush=True)
+try:
+    SQLiteStore(sys.argv[1])
+    print("ok", flush=True)
+except Exception as error:
+    print(f"{type(error).__name__}: {error}", flush=True)
+"""
+
+
+async def test_a_store_opening_a_new_sqlite_file_waits_while_another_process_sets_it_up(tmp_path):
+    # PRAGMA journal_mode=WAL on a file not yet in WAL mode fails at once with "database is
+    # locked" while another connection holds the write lock: SQLite's busy timeout does not
+    # apply to it.  Two gateways starting together on a new SQLITE_PATH meet exactly this.
+    path = tmp_path / "new.sqlite3"
+    # What the first of two gateways starting together holds while it switches the new file to WAL.
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        async with trio.open_nursery() as nursery:
+            process: trio.Process = await nursery.start(
+                functools.partial(
+                    trio.run_process,
+                    [sys.executable, "-c", _OPEN_STORE, str(path)],
+                    cwd=tmp_path,
+                    stdout=subprocess.PIPE,
+                    check=False,
+                )
+            )
+            reader = LineReader(process.stdout)  # type: ignore[arg-type]
+            with trio.fail_after(STARTUP_SECONDS):
+                assert await reader.readline() == "opening"
+            early = None
+            # Not synchronisation: a bounded look at a store that must still be waiting for the lock.
+            with trio.move_on_after(0.5):
+                early = await reader.readline()
+            assert early is None, f"the store gave up at once: {early}"
+            holder.execute("COMMIT")
+            with trio.fail_after(10):
+                assert await reader.readline() == "ok"
+    finally:
+        holder.close()

@@ -41,9 +41,11 @@ class SQLiteStore:
             pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._ttl = ttl
         self._conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
+        # Switching a new file to WAL ignores the busy timeout: when several
+        # workers start together on one file, all but one see "locked" at once.
+        _retry_locked(lambda: self._conn.execute("PRAGMA journal_mode=WAL"))
         self._conn.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes; WAL keeps it atomic
-        self._conn.executescript(_SCHEMA)
+        _retry_locked(lambda: self._conn.executescript(_SCHEMA))
         self._limiter = trio.CapacityLimiter(1)
 
     async def _run(self, fn: Any, *args: Any) -> Any:
@@ -100,6 +102,21 @@ class SQLiteStore:
 
     async def aclose(self) -> None:
         await self._run(self._conn.close)
+
+
+def _retry_locked(step: Any, *, budget: float = 30.0) -> None:
+    """Run a start-up statement, retrying while another process holds the database."""
+    deadline = time.monotonic() + budget
+    delay = 0.01
+    while True:
+        try:
+            step()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)  # start-up, before the event loop serves anything
+            delay = min(delay * 2, 0.25)
 
 
 class _transaction:
