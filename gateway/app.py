@@ -8,6 +8,7 @@ decisions live in `translate` and `streams`; this module wires them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,8 +30,9 @@ from .background import TERMINAL, BackgroundJob, BackgroundRunner, queued_snapsh
 from .config import Settings
 from .errors import GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
 from .store import ResponseStore, open_store
-from .streams.toolloop import ToolLoop
-from .toolbox import ToolSource, request_tools
+from .streams.toolloop import ToolLoop, ToolOutcome
+from .toolbox import RequestTools, ToolSource, hosted_specs, listed_tool, open_hosted, request_tools
+from .streams.translator import RoundCall
 from .streams.relay import DeferredHeadBody, ResponseEventStream, StreamOutcome, collect_response
 from .streams.sse import encode_done, encode_event
 from .streams.translator import ResponseTranslator, random_id
@@ -193,13 +195,18 @@ def create_app(
             req, response_id=response_id, created_at=int(clock()), history=prepared.history, items=prepared.input
         )
         keep = req.store is not False
+        specs = hosted_specs(req.tools)
+        if specs and req.background:
+            raise InvalidRequest(
+                "Hosted mcp tools cannot run in background responses yet.", param="background", code="unsupported_parameter"
+            )
         offered = request_tools(
             app.mcp,
             client_names=[t["function"]["name"] for t in plan.body.get("tools", ())],
             enabled=_gateway_tools_enabled(req),
         )
         loop = None
-        if offered.routes and plan.allowed_tools is None:
+        if offered.routes and plan.allowed_tools is None and not specs:  # with hosted tools, setup offers them all
             plan.body.setdefault("tools", []).extend(offered.chat_tools)
             loop = ToolLoop(
                 offered,
@@ -210,6 +217,40 @@ def create_app(
 
         async def _persist(events: list[dict[str, Any]]) -> None:
             await app.store.save(conversation.record_for(req, prepared, dict(translator.response), events))
+
+        setup = None
+        if specs:
+            client_names = {t["function"]["name"] for t in plan.body.get("tools", ())}
+            allow = [entry.strip() for entry in settings.mcp_allowed_urls.split(",") if entry.strip()]
+            configured_enabled = _gateway_tools_enabled(req)  # read here: setup runs outside the request context
+
+            async def setup(stack: Any) -> tuple[list[dict[str, Any]], ToolLoop | None]:
+                tools = RequestTools()
+                listings = await open_hosted(stack, specs, app.mcp, allow, tools)
+                configured = request_tools(
+                    app.mcp, client_names=client_names | set(tools.routes), enabled=configured_enabled
+                )
+                for tool_def in configured.chat_tools:
+                    name = tool_def["function"]["name"]
+                    tools.chat_tools.append(tool_def)
+                    tools.routes[name] = configured.routes[name]
+                    tools._sources[name] = configured._sources[name]
+                hosted_loop = ToolLoop(
+                    tools,
+                    max_rounds=settings.max_tool_call_iterations,
+                    call_timeout=settings.mcp_call_timeout,
+                    concurrency=settings.mcp_call_concurrency,
+                )
+                if tools.routes and plan.allowed_tools is None:
+                    plan.body.setdefault("tools", []).extend(tools.chat_tools)
+                    translator.set_gateway_tools(tools.routes, tools.approval)
+                events = translator.start()
+                for listing in listings:
+                    events += translator.list_tools(
+                        listing.spec.server_label, [listed_tool(t) for t in listing.tools], listing.error
+                    )
+                events += await _resume_approvals(prepared, tools, translator, plan.body, settings.mcp_call_timeout)
+                return events, hosted_loop
 
         translator = ResponseTranslator(
             plan.response,
@@ -241,13 +282,18 @@ def create_app(
                 on_close=_log_stream,
                 on_terminal=_persist if keep else None,
                 loop=loop,
+                setup=setup,
             )
             response = Response(body, status=200, content_type="text/event-stream")
             response.timeout = None
             return response
         events: list[dict[str, Any]] = []
         try:
-            final = await collect_response(app.backend, plan.body, translator, on_events=events.extend, loop=loop)
+            async with contextlib.AsyncExitStack() as stack:
+                if setup is not None:
+                    prelude, loop = await setup(stack)
+                    events += prelude
+                final = await collect_response(app.backend, plan.body, translator, on_events=events.extend, loop=loop)
         except GatewayError as error:
             _log_request(response_id, model, "failed", error.status, started, None)
             raise
@@ -367,6 +413,56 @@ def create_app(
         return response
 
     return app
+
+
+async def _resume_approvals(
+    prepared: Any, tools: RequestTools, translator: ResponseTranslator, body: dict[str, Any], timeout: float
+) -> list[dict[str, Any]]:
+    """Run (or decline) the tool calls the client answered with `mcp_approval_response` items.
+
+    Raises:
+        InvalidRequest: a response names no approval request in the conversation.
+    """
+    answers = [item for item in prepared.input if getattr(item, "type", None) == "mcp_approval_response"]
+    if not answers:
+        return []
+    asked = {
+        data.get("id"): data
+        for data in (item.model_dump() for item in [*prepared.history, *prepared.input])
+        if data.get("type") == "mcp_approval_request"
+    }
+    events: list[dict[str, Any]] = []
+    for answer in answers:
+        data = answer.model_dump()
+        request_id = data.get("approval_request_id")
+        ask = asked.get(request_id)
+        if ask is None:
+            raise InvalidRequest(
+                f"No mcp_approval_request with id '{request_id}' in this conversation.",
+                param="input",
+                code="approval_request_not_found",
+            )
+        name, arguments, label = ask.get("name", ""), ask.get("arguments") or "{}", ask.get("server_label", "")
+        if data.get("approve") is True:
+            with trio.move_on_after(timeout) as waited:
+                outcome = await tools.run(RoundCall(request_id, request_id, name, arguments, label))
+            if waited.cancelled_caught:
+                outcome = ToolOutcome(error=f"the tool call timed out after {timeout:g} s")
+            events += translator.record_mcp_call(
+                label, name, arguments, output=outcome.output, error=outcome.error, approval_request_id=request_id
+            )
+            result = outcome.text_for_model
+        else:
+            result = "The user did not approve this tool call." + (f" Reason: {data['reason']}" if data.get("reason") else "")
+        body["messages"].append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": request_id, "type": "function", "function": {"name": name, "arguments": arguments}}],
+            }
+        )
+        body["messages"].append({"role": "tool", "tool_call_id": request_id, "content": result})
+    return events
 
 
 def _gateway_tools_enabled(req: Any) -> bool:

@@ -85,6 +85,13 @@ class Settings(BaseSettings):
     mcp_tool_refresh_interval: float = Field(10.0, gt=0, description="Seconds between MCP tool refreshes.")
     mcp_servers_config_path: str | None = Field(None, description="Path of the MCP servers JSON file.")
     mcp_call_timeout: float = Field(60.0, gt=0, description="Seconds one MCP tool call may take.")
+    mcp_allowed_urls: str = Field(
+        "",
+        description=(
+            "Comma-separated hosts, host:port, IPs or CIDR networks that hosted mcp tools may reach although "
+            "they are loopback or private (refused otherwise)."
+        ),
+    )
     mcp_call_concurrency: int = Field(8, ge=1, description="MCP tool calls run at once per response.")
 
     # --- logging -----------------------------------------------------------

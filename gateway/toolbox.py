@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from .streams.toolloop import ToolOutcome
 from .streams.translator import RoundCall
 
-__all__ = ["RequestTools", "ToolSource", "request_tools"]
+__all__ = ["HostedListing", "HostedSpec", "RequestTools", "ToolSource", "hosted_specs", "listed_tool", "open_hosted", "request_tools"]
 
 
 class ToolSource(Protocol):
@@ -33,6 +33,7 @@ class ToolSource(Protocol):
 class RequestTools:
     chat_tools: list[dict[str, Any]] = field(default_factory=list)
     routes: dict[str, str] = field(default_factory=dict)  # offered name -> server label
+    approval: set[str] = field(default_factory=set)  # offered names that need the client's approval first
     _sources: dict[str, tuple[ToolSource, str]] = field(default_factory=dict)  # offered name -> (source, its name)
 
     def add(self, source: ToolSource, tool: Any, *, offered: str | None = None) -> None:
@@ -74,3 +75,152 @@ def request_tools(source: ToolSource | None, *, client_names: Iterable[str], ena
         if tool.name not in taken:
             tools.add(source, tool)
     return tools
+
+
+# --- the hosted `mcp` tool ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostedSpec:
+    """One `{"type": "mcp", ...}` entry of a request's tools."""
+
+    index: int
+    server_label: str
+    server_url: str | None
+    headers: dict[str, str]
+    allowed: frozenset[str] | None
+    approval: Any  # "always" | "never" | {"always": {...}, "never": {...}}
+
+    def needs_approval(self, name: str) -> bool:
+        rule = self.approval
+        if rule == "never":
+            return False
+        if isinstance(rule, dict):
+            never = (rule.get("never") or {}).get("tool_names") or []
+            always = (rule.get("always") or {}).get("tool_names") or []
+            if name in never:
+                return False
+            if always:
+                return name in always
+            return not never  # only "never" listed: everything else asks
+        return True  # "always", and OpenAI's default
+
+
+def hosted_specs(tools: list[dict[str, Any]] | None) -> list[HostedSpec]:
+    """The request's hosted MCP tools.
+
+    Raises:
+        InvalidRequest: an entry is malformed (the error names it).
+    """
+    from .errors import InvalidRequest
+
+    specs = []
+    for index, tool in enumerate(tools or ()):
+        if tool.get("type") != "mcp":
+            continue
+        label = tool.get("server_label")
+        if not isinstance(label, str) or not label:
+            raise InvalidRequest(
+                f"Missing required parameter: 'tools[{index}].server_label'.",
+                param=f"tools[{index}].server_label",
+                code="missing_required_parameter",
+            )
+        url = tool.get("server_url")
+        if url is not None and not isinstance(url, str):
+            raise InvalidRequest("'server_url' must be a string.", param=f"tools[{index}].server_url", code="invalid_type")
+        headers = tool.get("headers") or {}
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            raise InvalidRequest("'headers' must map names to strings.", param=f"tools[{index}].headers", code="invalid_type")
+        allowed = tool.get("allowed_tools")
+        if isinstance(allowed, dict):
+            allowed = allowed.get("tool_names")
+        if allowed is not None and not (isinstance(allowed, list) and all(isinstance(n, str) for n in allowed)):
+            raise InvalidRequest(
+                "'allowed_tools' must list tool names.", param=f"tools[{index}].allowed_tools", code="invalid_type"
+            )
+        specs.append(
+            HostedSpec(
+                index=index,
+                server_label=label,
+                server_url=url,
+                headers=dict(headers),
+                allowed=frozenset(allowed) if allowed is not None else None,
+                approval=tool.get("require_approval", "always"),
+            )
+        )
+    return specs
+
+
+@dataclass
+class HostedListing:
+    spec: HostedSpec
+    tools: list[Any]
+    error: str | None = None
+
+
+async def open_hosted(
+    stack: Any, specs: list[HostedSpec], configured: ToolSource | None, allow: Sequence[str], tools: RequestTools
+) -> list[HostedListing]:
+    """Connect the request's hosted MCP servers (their sessions live in `stack`) and offer their tools.
+
+    A `server_label` without `server_url` names a configured server.
+
+    Raises:
+        InvalidRequest: a URL the gateway may not contact, or an unknown configured label.
+    """
+    from .errors import GatewayError, InvalidRequest
+    from .mcp import check_url_allowed_async, open_remote_session
+
+    listings = []
+    for spec in specs:
+        source: ToolSource
+        if spec.server_url:
+            try:
+                await check_url_allowed_async(spec.server_url, allow)
+            except ValueError as exc:
+                raise InvalidRequest(str(exc), param=f"tools[{spec.index}].server_url", code="mcp_server_not_allowed") from None
+            try:
+                session = await stack.enter_async_context(
+                    open_remote_session(spec.server_url, spec.headers, server_label=spec.server_label)
+                )
+                offered = await session.list_tools()
+            except GatewayError as error:
+                listings.append(HostedListing(spec, [], error.message))
+                continue
+            source = session
+        else:
+            offered = [t for t in (configured.tools() if configured is not None else ()) if t.server == spec.server_label]
+            if configured is None or not offered:
+                raise InvalidRequest(
+                    f"No configured MCP server is labelled '{spec.server_label}'; give a server_url.",
+                    param=f"tools[{spec.index}].server_url",
+                    code="missing_required_parameter",
+                )
+            source = configured
+        if spec.allowed is not None:
+            offered = [t for t in offered if t.name in spec.allowed or getattr(t, "original_name", None) in spec.allowed]
+        for tool in offered:
+            if tool.name not in tools.routes:
+                tools.add(source, _labelled(tool, spec.server_label))
+                if spec.needs_approval(tool.name):
+                    tools.approval.add(tool.name)
+        listings.append(HostedListing(spec, offered))
+    return listings
+
+
+def _labelled(tool: Any, label: str) -> Any:
+    """The tool as offered under a hosted server's label."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(tool) and not isinstance(tool, type):
+        return dataclasses.replace(tool, server=label)
+    return tool
+
+
+def listed_tool(tool: Any) -> dict[str, Any]:
+    return {
+        "name": tool.name,
+        "description": tool.description,
+        "input_schema": tool.input_schema or {"type": "object", "properties": {}},
+        "annotations": None,
+    }

@@ -35,7 +35,7 @@ __all__ = ["ChatPlan", "TranslateOptions", "plan_chat_request"]
 log = logging.getLogger("gateway.translate")
 
 # Items in input that record the gateway's own work and carry nothing for the model.
-_CONTEXT_ONLY_ITEMS = frozenset({"mcp_list_tools"})
+_CONTEXT_ONLY_ITEMS = frozenset({"mcp_list_tools", "mcp_approval_request", "mcp_approval_response"})
 _ROLE_FOR_CHAT = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
 
@@ -374,6 +374,8 @@ def _tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], li
     skipped: list[str] = []
     for index, tool in enumerate(tools or ()):
         kind = tool.get("type")
+        if kind == "mcp":
+            continue  # hosted MCP servers are the gateway's to run (gateway.toolbox)
         if kind != "function":
             skipped.append(str(kind))
             continue

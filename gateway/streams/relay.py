@@ -18,6 +18,7 @@ terminal event.  The shells move data and make no protocol decisions.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
@@ -91,11 +92,19 @@ class ResponseEventStream(DeferredHeadBody):
         on_close: Callable[[StreamOutcome], None] | None = None,
         on_terminal: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None,
         loop: ToolLoop | None = None,
+        setup: Callable[[contextlib.AsyncExitStack], Awaitable[tuple[list[dict[str, Any]], ToolLoop | None]]]
+        | None = None,
     ) -> None:
         """`on_terminal` receives every event of the stream and is awaited
         before the terminal event is sent (to store the response first).
-        `loop` runs gateway tools between backend calls (several rounds)."""
+        `loop` runs gateway tools between backend calls (several rounds).
+        `setup` runs first, with resources (hosted MCP sessions) entered into
+        an exit stack this body owns; it returns the opening events and,
+        possibly, the tool loop."""
         self._loop = loop
+        self._setup = setup
+        self._stack = contextlib.AsyncExitStack()
+        self._prelude: list[dict[str, Any]] = []
         self._backend = backend
         self._on_terminal = on_terminal
         self._log: list[dict[str, Any]] | None = [] if on_terminal is not None else None
@@ -120,8 +129,24 @@ class ResponseEventStream(DeferredHeadBody):
 
     async def __aenter__(self) -> ResponseEventStream:
         self._last_write = trio.current_time()
+        await self._stack.__aenter__()
+        if self._setup is not None:
+            try:
+                self._prelude, loop = await self._setup(self._stack)
+                self._loop = loop or self._loop
+            except Exception as exc:
+                # Returning normally matters: __aexit__ then closes what the
+                # setup opened (sessions own nurseries of their own).
+                error = exc if isinstance(exc, GatewayError) else InternalError("The gateway failed to prepare the response.")
+                if not isinstance(exc, GatewayError):
+                    log.debug("response setup failed", exc_info=True)
+                self._json_error = error_json(error)
+                self.outcome.http_status = error.status
+                self.outcome.status = "rejected"
         self._nursery_cm = trio.open_nursery()
         nursery = await self._nursery_cm.__aenter__()
+        if self._json_error is not None:
+            return self
         chunk_send, chunk_recv = trio.open_memory_channel[Any](64)
         out_send, out_recv = trio.open_memory_channel[bytes](256)
         # The translator asks the reader for each round: the first body, then
@@ -147,6 +172,8 @@ class ResponseEventStream(DeferredHeadBody):
         committed, so the client never waits longer than a heartbeat for its
         first bytes, and a later failure arrives as `error` + `response.failed`.
         """
+        if self._json_error is not None:  # the setup refused the request
+            return self.outcome.http_status, dict(_JSON_HEADERS)
         with trio.move_on_after(min(self._interval / 2, _MAX_HEAD_WAIT)):
             await self._upstream_answered.wait()
         error = self._upstream_error
@@ -197,8 +224,13 @@ class ResponseEventStream(DeferredHeadBody):
         finally:
             if self._out_recv is not None:
                 self._out_recv.close()
-            if self._on_close is not None:
-                self._on_close(self.outcome)
+            try:
+                # At the level it was entered (no new cancel scope around it):
+                # the sessions in it own nurseries entered before ours.
+                await self._stack.aclose()
+            finally:
+                if self._on_close is not None:
+                    self._on_close(self.outcome)
 
     def _stop_siblings(self) -> None:
         self._upstream_scope.cancel()
@@ -273,7 +305,7 @@ class ResponseEventStream(DeferredHeadBody):
         out_send: trio.MemorySendChannel[bytes],
     ) -> None:
         try:
-            await self._emit(out_send, translator.start(), translator)
+            await self._emit(out_send, self._prelude + translator.start(), translator)
             async for message in chunk_recv:
                 events = _translate_message(translator, message)
                 # Whatever else the reader has queued becomes part of the same write.
@@ -308,7 +340,7 @@ class ResponseEventStream(DeferredHeadBody):
         assert loop is not None
         body = self._body
         try:
-            await self._emit(out_send, translator.start(), translator)
+            await self._emit(out_send, self._prelude + translator.start(), translator)
             end = _RoundEnd()
             text: list[str] = []
             async for message in chunk_recv:
@@ -486,7 +518,7 @@ async def _after_round(
     emit: Callable[[list[dict[str, Any]]], Awaitable[None]],
 ) -> dict[str, Any] | None:
     """Run the round's gateway calls; the next round's body, or None when the response ended."""
-    gateway_calls = [c for c in calls if c.server is not None]
+    gateway_calls = [c for c in calls if c.server is not None and not c.approval]
     results: dict[str, ToolOutcome] = {}
     if gateway_calls:
 
@@ -496,7 +528,8 @@ async def _after_round(
         results = await loop.run_calls(gateway_calls, on_result)
     loop.rounds += 1
     if not gateway_calls or len(gateway_calls) < len(calls):
-        # Nothing for the gateway to answer, or the client has calls to run.
+        # Nothing for the gateway to answer, or the client has calls to run
+        # (its own functions, or approvals to give).
         await emit(translator.finish())
         return None
     if loop.rounds >= loop.max_rounds:

@@ -55,6 +55,7 @@ class RoundCall:
     name: str
     arguments: str
     server: str | None  # the gateway tool's server label; None for the client's own functions
+    approval: bool = False  # an mcp_approval_request: not run until the client approves it
 
 
 def _sum_usage(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -127,7 +128,7 @@ class _Reasoning:
 
 
 class _Call:
-    __slots__ = ("index", "id", "call_id", "backend_id", "name", "chunks", "pending", "suppressed", "server")
+    __slots__ = ("index", "id", "call_id", "backend_id", "name", "chunks", "pending", "suppressed", "server", "approval")
 
     def __init__(self, backend_id: str | None) -> None:
         self.index = -1  # output_index once the item is opened
@@ -139,6 +140,7 @@ class _Call:
         self.pending: list[str] = []  # argument fragments seen before the name
         self.suppressed = False
         self.server: str | None = None  # set when the gateway runs this call (an mcp_call item)
+        self.approval = False  # an mcp_approval_request item instead
 
 
 class ResponseTranslator:
@@ -166,6 +168,7 @@ class ResponseTranslator:
         self._allowed = None if allowed_tools is None else frozenset(allowed_tools)
         # name -> server label: calls the gateway runs itself become mcp_call items.
         self._gateway_tools = dict(gateway_tools or {})
+        self._approval: frozenset[str] = frozenset()
         self._round_calls: list[RoundCall] = []
         self._pending_mcp: dict[str, dict[str, Any]] = {}  # item id -> mcp_call item awaiting its result
         self._usage_total: dict[str, Any] | None = None
@@ -300,6 +303,65 @@ class ResponseTranslator:
         events.append(self._event("response.failed", response=self._snapshot()))
         self.done = True
         return events
+
+    # ------------------------------------------------------------ mcp tools
+
+    def set_gateway_tools(self, routes: Mapping[str, str], approval: Iterable[str] = ()) -> None:
+        """Which names the gateway runs (name -> server label), and which of them need approval first."""
+        self._gateway_tools = dict(routes)
+        self._approval = frozenset(approval)
+
+    def list_tools(self, server_label: str, tools: list[dict[str, Any]], error: str | None = None) -> list[Event]:
+        """An `mcp_list_tools` item: the tools a hosted MCP server offers (or why it could not say)."""
+        events = self.start() if not self.started else []
+        index = self._new_slot()
+        item: dict[str, Any] = {"id": self._ids("mcpl"), "type": "mcp_list_tools", "server_label": server_label, "tools": []}
+        events.append(self._event("response.output_item.added", output_index=index, item=dict(item)))
+        common = {"item_id": item["id"], "output_index": index}
+        events.append(self._event("response.mcp_list_tools.in_progress", **common))
+        if error is None:
+            item["tools"] = tools
+            events.append(self._event("response.mcp_list_tools.completed", **common))
+        else:
+            item["error"] = error
+            events.append(self._event("response.mcp_list_tools.failed", **common))
+        self._slots[index] = item
+        events.append(self._event("response.output_item.done", output_index=index, item=dict(item)))
+        return events
+
+    def record_mcp_call(
+        self,
+        server_label: str,
+        name: str,
+        arguments: str,
+        *,
+        output: str | None,
+        error: str | None,
+        approval_request_id: str | None = None,
+    ) -> list[Event]:
+        """A gateway tool call made outside a backend round (an approved request): the whole item at once."""
+        events = self.start() if not self.started else []
+        index = self._new_slot()
+        item_id = self._ids("mcp")
+        item: dict[str, Any] = {
+            "id": item_id,
+            "type": "mcp_call",
+            "server_label": server_label,
+            "name": name,
+            "arguments": arguments,
+            "output": None,
+            "error": None,
+            "status": "in_progress",
+        }
+        if approval_request_id is not None:
+            item["approval_request_id"] = approval_request_id
+        events.append(self._event("response.output_item.added", output_index=index, item=dict(item)))
+        common = {"item_id": item_id, "output_index": index}
+        events.append(self._event("response.mcp_call_arguments.done", **common, arguments=arguments))
+        events.append(self._event("response.mcp_call.in_progress", **common))
+        item["_index"] = index
+        self._pending_mcp[item_id] = item
+        return events + self.complete_mcp_call(item_id, output=output, error=error)
 
     # --------------------------------------------------------------- rounds
 
@@ -543,6 +605,8 @@ class ResponseTranslator:
 
     def _append_arguments(self, call: _Call, arguments: str, events: list[Event]) -> None:
         call.chunks.append(arguments)
+        if call.approval:
+            return  # an approval request is shown whole, when it is done
         kind = "response.mcp_call_arguments.delta" if call.server is not None else "response.function_call_arguments.delta"
         events.append(self._event(kind, item_id=call.id, output_index=call.index, delta=arguments))
 
@@ -561,11 +625,16 @@ class ResponseTranslator:
         self._close_message(status, events)
         call.index = self._new_slot()
         server = self._gateway_tools.get(call.name)
-        call.id = self._ids("mcp" if server is not None else "fc")
+        approval = server is not None and call.name in self._approval
+        call.id = self._ids("mcpr" if approval else "mcp" if server is not None else "fc")
         if not call.call_id:
             call.call_id = self._ids("call")
         self._open_calls.append(call)
-        if server is not None:
+        if approval:
+            call.server = server
+            call.approval = True
+            item = {"id": call.id, "type": "mcp_approval_request", "server_label": server, "name": call.name, "arguments": ""}
+        elif server is not None:
             call.server = server
             item = {
                 "id": call.id,
@@ -595,8 +664,20 @@ class ResponseTranslator:
     def _close_call(self, call: _Call, status: str, events: list[Event]) -> None:
         arguments = "".join(call.chunks)
         self._round_calls.append(
-            RoundCall(item_id=call.id, call_id=call.call_id, name=call.name, arguments=arguments, server=call.server)
+            RoundCall(
+                item_id=call.id,
+                call_id=call.call_id,
+                name=call.name,
+                arguments=arguments,
+                server=call.server,
+                approval=call.approval,
+            )
         )
+        if call.approval:
+            done = {"id": call.id, "type": "mcp_approval_request", "server_label": call.server, "name": call.name, "arguments": arguments}
+            self._slots[call.index] = done
+            events.append(self._event("response.output_item.done", output_index=call.index, item=dict(done)))
+            return
         if call.server is not None:
             # Arguments are complete; the item stays open until the tool answers.
             common = {"item_id": call.id, "output_index": call.index}
