@@ -62,3 +62,24 @@ async def test_chat_completions_use_the_mcp_server_too(mcp_gateway, client, back
     assert body["choices"][0]["message"]["content"].endswith("Tool result: hi")
     tool_messages = [m for m in backend.chat_requests[-1]["messages"] if m["role"] == "tool"]
     assert sorted(m["content"] for m in tool_messages) == ["3", "hi"]
+
+
+async def test_a_hosted_mcp_tool_may_name_a_configured_server_by_its_label(mcp_gateway, client, backend):
+    await wait_tools(client, mcp_gateway, backend)
+    final = (
+        await client.post(
+            mcp_gateway + "/v1/responses",
+            json={
+                "model": "mcp-add",
+                "input": "2+3?",
+                "tools": [{"type": "mcp", "server_label": "example", "require_approval": "never"}],
+            },
+        )
+    ).json()
+    assert final["output"][0]["type"] == "mcp_list_tools" and final["output"][0]["server_label"] == "example"
+    call = next(item for item in final["output"] if item["type"] == "mcp_call")
+    assert (call["server_label"], call["output"]) == ("example", "5")
+    r = await client.post(
+        mcp_gateway + "/v1/responses", json={"model": "text", "input": "x", "tools": [{"type": "mcp", "server_label": "nope"}]}
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0].server_url"
