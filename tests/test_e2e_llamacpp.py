@@ -37,7 +37,10 @@ async def test_a_real_model_streams_a_reply_through_the_gateway_to_the_openai_sd
 
         # Non-streaming, and the length limit becoming "incomplete".
         short = await client.responses.create(
-            model="SmolLM2-135M-Instruct", input="Count from one to fifty in words.", max_output_tokens=16
+            model="SmolLM2-135M-Instruct",
+            input="Write a long story about a dragon who learns to bake bread.",
+            max_output_tokens=16,
+            temperature=0,
         )
         assert short.status == "incomplete" and short.incomplete_details.reason == "max_output_tokens"
         assert short.output_text
