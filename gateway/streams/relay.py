@@ -289,68 +289,39 @@ class ResponseEventStream(DeferredHeadBody):
         out_send: trio.MemorySendChannel[bytes],
         round_send: trio.MemorySendChannel[dict[str, Any]] | None,
     ) -> None:
-        translator = self._translator
-        async with out_send, chunk_recv:
+        async with out_send, chunk_recv, contextlib.AsyncExitStack() as stack:
+            if round_send is not None:
+                await stack.enter_async_context(round_send)
             with self._translator_scope:
-                if round_send is None:
-                    await self._translate(translator, chunk_recv, out_send)
-                else:
-                    async with round_send:
-                        await self._translate_rounds(translator, chunk_recv, out_send, round_send)
+                await self._translate(self._translator, chunk_recv, out_send, round_send)
 
     async def _translate(
         self,
         translator: ResponseTranslator,
         chunk_recv: trio.MemoryReceiveChannel[Any],
         out_send: trio.MemorySendChannel[bytes],
+        round_send: trio.MemorySendChannel[dict[str, Any]] | None,
     ) -> None:
-        try:
-            await self._emit(out_send, self._prelude + translator.start(), translator)
-            async for message in chunk_recv:
-                events = _translate_message(translator, message)
-                # Whatever else the reader has queued becomes part of the same write.
-                while not translator.done:
-                    try:
-                        events += _translate_message(translator, chunk_recv.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                await self._emit(out_send, events, translator)
-                if translator.done:
-                    break
-            if not translator.done:  # the reader stopped without a word
-                await self._emit(out_send, fail_with(translator, _cut()), translator)
-        except Exception:
-            log.debug("translator failed", exc_info=True)
-            events = fail_with(translator, InternalError("the gateway failed while translating the response"))
-            await self._emit(out_send, events, translator)
-        finally:
-            self.outcome.status = translator.response.get("status", "failed")
-            self._upstream_scope.cancel()
-            self._heartbeat_scope.cancel()
-        await out_send.send(encode_done())
+        """Feed the reader's messages to the translator, one write per drained batch.
 
-    async def _translate_rounds(
-        self,
-        translator: ResponseTranslator,
-        chunk_recv: trio.MemoryReceiveChannel[Any],
-        out_send: trio.MemorySendChannel[bytes],
-        round_send: trio.MemorySendChannel[dict[str, Any]],
-    ) -> None:
-        loop = self._loop
-        assert loop is not None
+        Without a tool loop the backend's end finishes the response; with one,
+        it ends a round, and `_after_round` decides whether another follows.
+        """
+        loop = self._loop if round_send is not None else None
+        end = _RoundEnd() if loop is not None else None
         body = self._body
+        text: list[str] = []  # the round's text, for the next round's assistant message
         try:
             await self._emit(out_send, self._prelude + translator.start(), translator)
-            end = _RoundEnd()
-            text: list[str] = []
             async for message in chunk_recv:
                 events = _translate_message(translator, message, end)
-                while not translator.done and not end.ended:
+                # Whatever else the reader has queued becomes part of the same write.
+                while not translator.done and not (end is not None and end.ended):
                     try:
                         events += _translate_message(translator, chunk_recv.receive_nowait(), end)
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                if end.ended:
+                if end is not None and end.ended and loop is not None and round_send is not None:
                     end.ended = False
                     closing, calls = translator.end_round()
                     events += closing
@@ -363,15 +334,16 @@ class ResponseEventStream(DeferredHeadBody):
                     body = step
                     await round_send.send(body)
                     continue
-                text += [e["text"] for e in events if e["type"] == "response.output_text.done"]
+                if loop is not None:
+                    text += [e["text"] for e in events if e["type"] == "response.output_text.done"]
                 await self._emit(out_send, events, translator)
                 if translator.done:
                     break
-            if not translator.done:
+            if not translator.done:  # the reader stopped without a word
                 await self._emit(out_send, fail_with(translator, _cut()), translator)
         except Exception:
-            log.debug("tool loop failed", exc_info=True)
-            events = fail_with(translator, InternalError("the gateway failed while running the response"))
+            log.debug("translator failed", exc_info=True)
+            events = fail_with(translator, InternalError("the gateway failed while translating the response"))
             await self._emit(out_send, events, translator)
         finally:
             self.outcome.status = translator.response.get("status", "failed")
