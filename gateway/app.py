@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import orjson
 import trio
-from quart import Response, request
+from quart import Response, current_app, request
 from quart.utils import encode_headers
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
@@ -259,6 +259,7 @@ def create_app(
             reasoning_events=settings.reasoning_events,
             allowed_tools=plan.allowed_tools,
             gateway_tools=offered.routes if loop is not None else None,
+            input_tokens_estimate=len(orjson.dumps(plan.body["messages"])) // 4,
         )
         model = plan.body["model"]
         if req.background:
@@ -562,8 +563,49 @@ def _page(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def _body_bytes() -> bytes:
+    """The request body, decompressed when the client sent it compressed (Codex sends zstd).
+
+    Raises:
+        RequestTooLarge: the decompressed body passes the configured limit.
+        InvalidRequest: an unknown or corrupt encoding.
+    """
     data = await request.get_data(as_text=False)
-    return data if isinstance(data, bytes) else data.encode()
+    raw = data if isinstance(data, bytes) else data.encode()
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return raw
+    limit = int(current_app.config["MAX_CONTENT_LENGTH"])
+    return _decompress(raw, encoding, limit)
+
+
+def _decompress(raw: bytes, encoding: str, limit: int) -> bytes:
+    import zlib
+
+    try:
+        if encoding == "zstd":
+            import zstandard
+
+            with zstandard.ZstdDecompressor().stream_reader(raw) as reader:
+                out = reader.read(limit + 1)
+        elif encoding in ("gzip", "deflate"):
+            window = 31 if encoding == "gzip" else 15
+            inflater = zlib.decompressobj(window)
+            out = inflater.decompress(raw, limit + 1)
+        else:
+            raise InvalidRequest(
+                f"Unsupported Content-Encoding '{encoding}': use zstd, gzip, deflate or none.",
+                param="content-encoding",
+                code="unsupported_encoding",
+            )
+    except GatewayError:
+        raise
+    except Exception:  # zlib.error, zstandard.ZstdError: the bytes are not what the header says
+        raise InvalidRequest(
+            f"The request body is not valid {encoding} data.", param="content-encoding", code="invalid_encoding"
+        ) from None
+    if len(out) > limit:  # a small body that inflates past the limit
+        raise RequestTooLarge(f"The decompressed request body exceeds the limit of {limit} bytes.")
+    return out
 
 
 def _log_request(

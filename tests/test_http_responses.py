@@ -259,3 +259,40 @@ async def test_an_unknown_previous_response_is_a_404_naming_the_parameter(gatewa
     r = await client.post(gateway_url + "/v1/responses", json={"model": "text", "input": "hi", "previous_response_id": "resp_x"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "previous_response_not_found"
     assert r.json()["error"]["param"] == "previous_response_id"
+
+
+async def test_compressed_request_bodies_are_accepted(gateway_url, client, backend):
+    import gzip
+
+    import zstandard
+
+    body = orjson.dumps({"model": "text", "input": "squeezed"})
+    for encoding, data in (("zstd", zstandard.ZstdCompressor().compress(body)), ("gzip", gzip.compress(body))):
+        r = await client.post(
+            gateway_url + "/v1/responses", content=data, headers={"content-type": "application/json", "content-encoding": encoding}
+        )
+        assert r.status_code == 200 and r.json()["status"] == "completed"
+        assert backend.chat_requests[-1]["messages"] == [{"role": "user", "content": "squeezed"}]
+    bad = await client.post(
+        gateway_url + "/v1/responses", content=b"not zstd", headers={"content-type": "application/json", "content-encoding": "zstd"}
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_encoding"
+    odd = await client.post(gateway_url + "/v1/responses", content=body, headers={"content-encoding": "br"})
+    assert odd.status_code == 400 and odd.json()["error"]["code"] == "unsupported_encoding"
+
+
+async def test_a_body_that_inflates_past_the_limit_gets_413(start_gateway, client):
+    import zstandard
+
+    url = await start_gateway(max_request_body_bytes=4096)
+    bomb = zstandard.ZstdCompressor().compress(orjson.dumps({"model": "text", "input": "x" * 100_000}))
+    assert len(bomb) < 4096
+    r = await client.post(url + "/v1/responses", content=bomb, headers={"content-type": "application/json", "content-encoding": "zstd"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+async def test_usage_is_always_present_even_when_the_backend_reports_none(gateway_url, client):
+    final = (await client.post(gateway_url + "/v1/responses", json={"model": "reasoning-field", "input": "hi there"})).json()
+    usage = final["usage"]
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]

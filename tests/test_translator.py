@@ -583,7 +583,7 @@ def test_finish_with_no_output_completes_an_empty_response():
 
     assert types(events) == ["response.created", "response.in_progress", "response.completed"]
     assert translator.response["output"] == []
-    assert translator.response["usage"] is None
+    assert translator.response["usage"]["total_tokens"] == 0
 
 
 def test_calls_after_the_terminal_event_return_nothing():
@@ -613,11 +613,18 @@ def test_usage_maps_prompt_completion_total_cached_and_reasoning_tokens():
     }
 
 
-def test_usage_is_none_when_the_backend_sends_none():
-    translator, events = run(SCENARIOS["done-no-finish"])
+def test_without_backend_usage_the_response_carries_an_estimate():
+    # "No finish reason" is 16 characters: about 4 tokens; the input estimate is the caller's.
+    translator, events = run(SCENARIOS["done-no-finish"], input_tokens_estimate=7)
 
-    assert translator.response["usage"] is None
-    assert events[-1]["response"]["usage"] is None
+    assert translator.response["usage"] == {
+        "input_tokens": 7,
+        "output_tokens": 4,
+        "total_tokens": 11,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
+    assert events[-1]["response"]["usage"] == translator.response["usage"]
 
 
 def test_usage_without_details_or_total_fills_zeros_and_the_sum():

@@ -490,8 +490,9 @@ def test_any_rechunking_of_a_generated_stream_yields_the_same_events(stream, eol
     kind = "response.reasoning_text.delta"
     assert "".join(e["delta"] for e in whole if e["type"] == kind) == stream["reasoning"]
     assert_calls(final, stream["calls"])
-    if stream["usage"] is None:
-        assert final["usage"] is None
+    if stream["usage"] is None:  # an estimate: never missing, and consistent
+        usage = final["usage"]
+        assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] >= 0
     else:
         assert final["usage"]["input_tokens"] == stream["usage"]["prompt_tokens"]
         assert final["usage"]["output_tokens"] == stream["usage"]["completion_tokens"]

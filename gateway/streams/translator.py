@@ -155,6 +155,7 @@ class ResponseTranslator:
         reasoning_events: Literal["openai", "spec"] = "openai",
         allowed_tools: Iterable[str] | None = None,
         gateway_tools: Mapping[str, str] | None = None,
+        input_tokens_estimate: int = 0,
     ) -> None:
         """`response` is the `ResponseResource` skeleton (id, echoed settings).
 
@@ -172,6 +173,9 @@ class ResponseTranslator:
         self._round_calls: list[RoundCall] = []
         self._pending_mcp: dict[str, dict[str, Any]] = {}  # item id -> mcp_call item awaiting its result
         self._usage_total: dict[str, Any] | None = None
+        # When the backend reports no usage, clients still get an estimate.
+        self._input_estimate = input_tokens_estimate
+        self._output_chars = 0
         self._seq = 0
         self._slots: list[dict[str, Any] | None] = []
         self._message: _Message | None = None
@@ -404,7 +408,11 @@ class ResponseTranslator:
         self._usage = None
 
     def _total_usage(self) -> Mapping[str, Any] | None:
-        return _sum_usage(self._usage_total, self._usage)
+        total = _sum_usage(self._usage_total, self._usage)
+        if total is not None:
+            return total
+        output = -(-self._output_chars // 4)  # about four characters a token
+        return {"prompt_tokens": self._input_estimate, "completion_tokens": output, "total_tokens": self._input_estimate + output}
 
     # ------------------------------------------------------------ internals
 
@@ -451,6 +459,7 @@ class ResponseTranslator:
                 )
             )
         item.chunks.append(text)
+        self._output_chars += len(text)
         events.append(
             self._event(
                 self._reasoning_delta, item_id=item.id, output_index=item.index, content_index=0, delta=text
@@ -510,6 +519,7 @@ class ResponseTranslator:
                 )
             )
         message.chunks.append(text)
+        self._output_chars += len(text)
         if kind == "output_text":
             events.append(
                 self._event(
@@ -605,6 +615,7 @@ class ResponseTranslator:
 
     def _append_arguments(self, call: _Call, arguments: str, events: list[Event]) -> None:
         call.chunks.append(arguments)
+        self._output_chars += len(arguments)
         if call.approval:
             return  # an approval request is shown whole, when it is done
         kind = "response.mcp_call_arguments.delta" if call.server is not None else "response.function_call_arguments.delta"
