@@ -260,6 +260,7 @@ def create_app(
             allowed_tools=plan.allowed_tools,
             gateway_tools=offered.routes if loop is not None else None,
             input_tokens_estimate=len(orjson.dumps(plan.body["messages"])) // 4,
+            tool_kinds=plan.tool_kinds,
         )
         model = plan.body["model"]
         if req.background:

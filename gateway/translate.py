@@ -30,7 +30,7 @@ from .wire import (
     Refusal,
 )
 
-__all__ = ["ChatPlan", "TranslateOptions", "plan_chat_request"]
+__all__ = ["ChatPlan", "ToolKind", "TranslateOptions", "flat_name", "plan_chat_request"]
 
 log = logging.getLogger("gateway.translate")
 
@@ -46,6 +46,20 @@ class TranslateOptions:
     forward_reasoning_content: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class ToolKind:
+    """How a chat function maps back to the client's tool."""
+
+    kind: str  # "function" | "custom"
+    name: str
+    namespace: str | None = None
+
+
+def flat_name(namespace: str | None, name: str) -> str:
+    """The chat function name for a (namespaced) tool: `ns__name`, at most 64 characters."""
+    return name if not namespace else f"{namespace}__{name}"[:64]
+
+
 @dataclass(slots=True)
 class ChatPlan:
     """What to send to the backend, and what the response starts as."""
@@ -54,6 +68,8 @@ class ChatPlan:
     response: dict[str, Any]
     allowed_tools: frozenset[str] | None = None
     skipped_tools: list[str] = field(default_factory=list)
+    # Flattened chat function name -> what the client called it (custom tools, namespaces).
+    tool_kinds: dict[str, ToolKind] = field(default_factory=dict)
 
 
 def plan_chat_request(
@@ -94,7 +110,7 @@ def plan_chat_request(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    chat_tools, echo_tools, skipped = _tools(req.tools)
+    chat_tools, echo_tools, skipped, kinds = _tools(req.tools)
     tool_choice_echo: Any = "auto"
     allowed: frozenset[str] | None = None
     if chat_tools:
@@ -129,7 +145,7 @@ def plan_chat_request(
         body["reasoning_effort"] = effort
 
     response = _skeleton(req, response_id, created_at, echo_tools, tool_choice_echo, text_format)
-    return ChatPlan(body=body, response=response, allowed_tools=allowed, skipped_tools=skipped)
+    return ChatPlan(body=body, response=response, allowed_tools=allowed, skipped_tools=skipped, tool_kinds=kinds)
 
 
 # --- messages --------------------------------------------------------------------
@@ -165,6 +181,27 @@ def _input_messages(items: Any, options: TranslateOptions, where: str = "input")
             )
         elif item.type == "mcp_call":
             builder.mcp_call(item)
+        elif item.type == "custom_tool_call":
+            data = item.model_dump()
+            builder.function_call(
+                FunctionCallItem(
+                    type="function_call",
+                    call_id=str(data.get("call_id") or data.get("id") or "call"),
+                    name=flat_name(data.get("namespace"), str(data.get("name") or "tool")),
+                    arguments=orjson.dumps({"input": data.get("input") or ""}).decode(),
+                )
+            )
+        elif item.type == "custom_tool_call_output":
+            data = item.model_dump()
+            output = data.get("output")
+            builder.function_call_output(
+                FunctionCallOutputItem(
+                    type="function_call_output",
+                    call_id=str(data.get("call_id") or "call"),
+                    output=output if isinstance(output, str) else orjson.dumps(output).decode(),
+                ),
+                param,
+            )
         elif item.type in _CONTEXT_ONLY_ITEMS:
             continue  # records of what the gateway did; nothing for the model to read
         else:
@@ -204,7 +241,9 @@ class _MessageBuilder:
 
     def function_call(self, item: FunctionCallItem) -> None:
         last = self.messages[-1] if self.messages else None
-        call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+        namespace = (item.model_extra or {}).get("namespace")
+        name = flat_name(namespace if isinstance(namespace, str) else None, item.name)
+        call = {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": item.arguments}}
         if last is not None and last["role"] == "assistant" and not self.pending_reasoning:
             last.setdefault("tool_calls", []).append(call)
             if last.get("content") == "":
@@ -368,17 +407,58 @@ def _text_of_parts(parts: list[Any], param: str) -> Any:
 # --- tools -----------------------------------------------------------------------
 
 
-def _tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+def _custom_function(tool: dict[str, Any], name: str) -> dict[str, Any]:
+    """A freeform (custom) tool as a chat function taking one string."""
+    raw = tool.get("format")
+    fmt: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    hint = "The raw input for the tool, as free text."
+    if fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
+        hint += f" It must follow this {fmt.get('syntax') or 'grammar'} grammar:\n{fmt['definition']}"
+    function: dict[str, Any] = {
+        "name": name,
+        "parameters": {
+            "type": "object",
+            "properties": {"input": {"type": "string", "description": hint}},
+            "required": ["input"],
+        },
+    }
+    if isinstance(tool.get("description"), str):
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def _tools(
+    tools: list[dict[str, Any]] | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str], dict[str, ToolKind]]:
     chat: list[dict[str, Any]] = []
     echo: list[dict[str, Any]] = []
     skipped: list[str] = []
+    kinds: dict[str, ToolKind] = {}
+    expanded: list[tuple[int, dict[str, Any], str | None]] = []
     for index, tool in enumerate(tools or ()):
+        if tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+            for inner in tool["tools"]:
+                if isinstance(inner, dict):
+                    expanded.append((index, inner, str(tool.get("name") or "")))
+        else:
+            expanded.append((index, tool, None))
+    for index, tool, namespace in expanded:
         kind = tool.get("type")
         if kind == "mcp":
             continue  # hosted MCP servers are the gateway's to run (gateway.toolbox)
+        if kind == "custom" and isinstance(tool.get("name"), str) and tool["name"]:
+            flat = flat_name(namespace, tool["name"])
+            chat.append(_custom_function(tool, flat))
+            kinds[flat] = ToolKind("custom", tool["name"], namespace)
+            continue
         if kind != "function":
             skipped.append(str(kind))
             continue
+        if namespace:
+            inner_name = tool.get("name")
+            if isinstance(inner_name, str) and inner_name:
+                kinds[flat_name(namespace, inner_name)] = ToolKind("function", inner_name, namespace)
+                tool = {**tool, "name": flat_name(namespace, inner_name)}
         spec = tool.get("function")
         if not isinstance(spec, dict):
             spec = tool  # the Responses shape; the chat shape nests under "function"
@@ -418,7 +498,7 @@ def _tools(tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], li
         )
     if skipped:
         log.warning("skipped tools the backend cannot serve: %s", ", ".join(sorted(set(skipped))))
-    return chat, echo, skipped
+    return chat, echo, skipped, kinds
 
 
 def _tool_choice(

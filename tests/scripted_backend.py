@@ -155,6 +155,16 @@ SCENARIOS: dict[str, list[Any]] = {
         chunk({"content": "ok"}),
         b"{not json",
     ],
+    "custom-call": [  # Codex's apply_patch, offered as a function with one string
+        chunk(call_delta(0, id="call_p", name="apply_patch", args='{"input": "*** Begin Patch\\n*** Add File: a.txt\\n+hi\\n*** End Patch"}')),
+        chunk(finish="tool_calls"),
+        b"[DONE]",
+    ],
+    "namespace-call": [
+        chunk(call_delta(0, id="call_n", name="crm__lookup", args='{"id": 7}')),
+        chunk(finish="tool_calls"),
+        b"[DONE]",
+    ],
     "hang": [
         chunk({"content": "Waiting"}),
         HANG,

@@ -91,6 +91,8 @@ EXTENSION_EVENTS: dict[str, dict[str, Any]] = {
     "response.mcp_list_tools.in_progress": _ITEM_EVENT,
     "response.mcp_list_tools.completed": _ITEM_EVENT,
     "response.mcp_list_tools.failed": _ITEM_EVENT,
+    "response.custom_tool_call_input.delta": {**_ITEM_EVENT, "required": [*_ITEM_EVENT["required"], "delta"]},
+    "response.custom_tool_call_input.done": {**_ITEM_EVENT, "required": [*_ITEM_EVENT["required"], "input"]},
 }
 EXTENSION_ITEMS: dict[str, dict[str, Any]] = {
     "mcp_call": {
@@ -102,6 +104,11 @@ EXTENSION_ITEMS: dict[str, dict[str, Any]] = {
         "type": "object",
         "required": ["id", "type", "server_label", "tools"],
         "properties": {"id": _STR, "server_label": _STR, "tools": {"type": "array"}},
+    },
+    "custom_tool_call": {
+        "type": "object",
+        "required": ["id", "type", "call_id", "name", "input"],
+        "properties": {"id": _STR, "call_id": _STR, "name": _STR, "input": _STR},
     },
     "mcp_approval_request": {
         "type": "object",

@@ -128,7 +128,10 @@ class _Reasoning:
 
 
 class _Call:
-    __slots__ = ("index", "id", "call_id", "backend_id", "name", "chunks", "pending", "suppressed", "server", "approval")
+    __slots__ = (
+        "index", "id", "call_id", "backend_id", "name", "chunks", "pending", "suppressed", "server", "approval",
+        "custom", "shown_name", "namespace",
+    )
 
     def __init__(self, backend_id: str | None) -> None:
         self.index = -1  # output_index once the item is opened
@@ -141,6 +144,9 @@ class _Call:
         self.suppressed = False
         self.server: str | None = None  # set when the gateway runs this call (an mcp_call item)
         self.approval = False  # an mcp_approval_request item instead
+        self.custom = False  # a custom_tool_call item (a freeform tool)
+        self.shown_name = ""  # the name the client knows (without the namespace)
+        self.namespace: str | None = None
 
 
 class ResponseTranslator:
@@ -156,6 +162,7 @@ class ResponseTranslator:
         allowed_tools: Iterable[str] | None = None,
         gateway_tools: Mapping[str, str] | None = None,
         input_tokens_estimate: int = 0,
+        tool_kinds: Mapping[str, Any] | None = None,
     ) -> None:
         """`response` is the `ResponseResource` skeleton (id, echoed settings).
 
@@ -170,6 +177,8 @@ class ResponseTranslator:
         # name -> server label: calls the gateway runs itself become mcp_call items.
         self._gateway_tools = dict(gateway_tools or {})
         self._approval: frozenset[str] = frozenset()
+        # chat function name -> the client's tool (kind "custom" or a namespaced "function")
+        self._tool_kinds = dict(tool_kinds or {})
         self._round_calls: list[RoundCall] = []
         self._pending_mcp: dict[str, dict[str, Any]] = {}  # item id -> mcp_call item awaiting its result
         self._usage_total: dict[str, Any] | None = None
@@ -616,8 +625,8 @@ class ResponseTranslator:
     def _append_arguments(self, call: _Call, arguments: str, events: list[Event]) -> None:
         call.chunks.append(arguments)
         self._output_chars += len(arguments)
-        if call.approval:
-            return  # an approval request is shown whole, when it is done
+        if call.approval or call.custom:
+            return  # shown whole when it is done (a custom tool's input is inside JSON)
         kind = "response.mcp_call_arguments.delta" if call.server is not None else "response.function_call_arguments.delta"
         events.append(self._event(kind, item_id=call.id, output_index=call.index, delta=arguments))
 
@@ -637,7 +646,13 @@ class ResponseTranslator:
         call.index = self._new_slot()
         server = self._gateway_tools.get(call.name)
         approval = server is not None and call.name in self._approval
-        call.id = self._ids("mcpr" if approval else "mcp" if server is not None else "fc")
+        client_tool = self._tool_kinds.get(call.name) if server is None else None
+        call.custom = client_tool is not None and client_tool.kind == "custom"
+        call.shown_name = client_tool.name if client_tool is not None else call.name
+        call.namespace = client_tool.namespace if client_tool is not None else None
+        call.id = self._ids(
+            "mcpr" if approval else "mcp" if server is not None else "ctc" if call.custom else "fc"
+        )
         if not call.call_id:
             call.call_id = self._ids("call")
         self._open_calls.append(call)
@@ -657,15 +672,26 @@ class ResponseTranslator:
                 "error": None,
                 "status": "in_progress",
             }
+        elif call.custom:
+            item = {
+                "id": call.id,
+                "type": "custom_tool_call",
+                "status": "in_progress",
+                "call_id": call.call_id,
+                "name": call.shown_name,
+                "input": "",
+            }
         else:
             item = {
                 "id": call.id,
                 "type": "function_call",
                 "status": "in_progress",
                 "call_id": call.call_id,
-                "name": call.name,
+                "name": call.shown_name,
                 "arguments": "",
             }
+        if call.namespace is not None:
+            item["namespace"] = call.namespace
         events.append(self._event("response.output_item.added", output_index=call.index, item=item))
         if call.pending:
             arguments = "".join(call.pending)
@@ -684,8 +710,33 @@ class ResponseTranslator:
                 approval=call.approval,
             )
         )
+        if call.custom:
+            text = _custom_input(arguments)
+            common = {"item_id": call.id, "output_index": call.index}
+            if text:
+                events.append(self._event("response.custom_tool_call_input.delta", **common, delta=text))
+            events.append(self._event("response.custom_tool_call_input.done", **common, input=text))
+            done: dict[str, Any] = {
+                "id": call.id,
+                "type": "custom_tool_call",
+                "status": status,
+                "call_id": call.call_id,
+                "name": call.shown_name,
+                "input": text,
+            }
+            if call.namespace is not None:
+                done["namespace"] = call.namespace
+            self._slots[call.index] = done
+            events.append(self._event("response.output_item.done", output_index=call.index, item=dict(done)))
+            return
         if call.approval:
-            done = {"id": call.id, "type": "mcp_approval_request", "server_label": call.server, "name": call.name, "arguments": arguments}
+            done = {
+                "id": call.id,
+                "type": "mcp_approval_request",
+                "server_label": call.server,
+                "name": call.name,
+                "arguments": arguments,
+            }
             self._slots[call.index] = done
             events.append(self._event("response.output_item.done", output_index=call.index, item=dict(done)))
             return
@@ -711,7 +762,7 @@ class ResponseTranslator:
                 "response.function_call_arguments.done",
                 item_id=call.id,
                 output_index=call.index,
-                name=call.name,
+                name=call.shown_name,
                 arguments=arguments,
             )
         )
@@ -720,9 +771,11 @@ class ResponseTranslator:
             "type": "function_call",
             "status": status,
             "call_id": call.call_id,
-            "name": call.name,
+            "name": call.shown_name,
             "arguments": arguments,
         }
+        if call.namespace is not None:
+            done["namespace"] = call.namespace
         self._slots[call.index] = done
         events.append(self._event("response.output_item.done", output_index=call.index, item=dict(done)))
 
@@ -754,6 +807,17 @@ def _copy_item(item: dict[str, Any]) -> dict[str, Any]:
     if "content" in copy:
         copy["content"] = [dict(part) for part in copy["content"]]
     return copy
+
+
+def _custom_input(arguments: str) -> str:
+    """A custom tool's raw input: the `input` string the model put in its JSON, or the text itself."""
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get("input"), str):
+        return str(value["input"])
+    return arguments
 
 
 def _json_text(value: Any) -> str:
