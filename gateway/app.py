@@ -36,7 +36,8 @@ from .streams.translator import RoundCall
 from .streams.relay import DeferredHeadBody, ResponseEventStream, StreamOutcome, collect_response
 from .streams.sse import encode_done, encode_event
 from .streams.translator import ResponseTranslator, random_id
-from .translate import plan_chat_request
+from .sealing import Sealer
+from .translate import TranslateOptions, plan_chat_request
 from .wire import parse_create_request
 
 __all__ = ["GatewayApp", "create_app"]
@@ -96,6 +97,8 @@ def create_app(
     """
     app = GatewayApp(__name__)
     app.settings = settings
+    sealer = Sealer(settings.gateway_secret_key or None)
+    options = TranslateOptions(open_sealed=sealer.open)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # long streams must never be cut by the framework
     app.config["BODY_TIMEOUT"] = max(60.0, settings.stream_timeout)
@@ -192,7 +195,12 @@ def create_app(
         prepared = await conversation.prepare(app.store, req, ids)
         response_id = ids("resp")
         plan = plan_chat_request(
-            req, response_id=response_id, created_at=int(clock()), history=prepared.history, items=prepared.input
+            req,
+            response_id=response_id,
+            created_at=int(clock()),
+            options=options,
+            history=prepared.history,
+            items=prepared.input,
         )
         keep = req.store is not False
         specs = hosted_specs(req.tools)
@@ -261,6 +269,9 @@ def create_app(
             gateway_tools=offered.routes if loop is not None else None,
             input_tokens_estimate=len(orjson.dumps(plan.body["messages"])) // 4,
             tool_kinds=plan.tool_kinds,
+            seal_reasoning=(lambda text: sealer.seal("reasoning", {"text": text}))
+            if "reasoning.encrypted_content" in (req.include or ())
+            else None,
         )
         model = plan.body["model"]
         if req.background:
@@ -303,6 +314,54 @@ def create_app(
             await _persist(events)
         _log_request(response_id, model, final["status"], 200, started, None)
         return _json(orjson.dumps(final))
+
+    @app.post("/v1/responses/compact")
+    @app.post("/responses/compact")
+    async def _compact() -> Response:
+        """Summarise a conversation through the backend: retained user messages plus a sealed compaction item."""
+        started = trio.current_time()
+        req = parse_create_request(await _body_bytes())
+        prepared = await conversation.prepare(app.store, req, ids)
+        summarise = req.model_copy(update={"tools": None, "tool_choice": None, "text": None, "reasoning": None})
+        plan = plan_chat_request(
+            summarise,
+            response_id=ids("resp"),
+            created_at=int(clock()),
+            options=options,
+            history=prepared.history,
+            items=prepared.input,
+        )
+        plan.body["messages"].append({"role": "user", "content": _COMPACT_PROMPT})
+        translator = ResponseTranslator(plan.response, ids=ids, clock=clock)
+        final = await collect_response(app.backend, plan.body, translator)
+        summary = "".join(
+            part.get("text", "")
+            for item in final["output"]
+            if item.get("type") == "message"
+            for part in item.get("content") or ()
+        )
+        retained = [
+            record
+            for record in [*(i.model_dump(exclude_none=True) for i in prepared.history), *prepared.input_records]
+            if record.get("type", "message") == "message" and record.get("role") == "user"
+        ]
+        compaction = {
+            "type": "compaction",
+            "id": ids("cmp"),
+            "encrypted_content": sealer.seal("compaction", {"summary": summary}),
+        }
+        _log_request(final["id"], plan.body["model"], "compacted", 200, started, None)
+        return _json(
+            orjson.dumps(
+                {
+                    "id": final["id"],
+                    "object": "response.compaction",
+                    "output": [*retained, compaction],
+                    "created_at": int(clock()),
+                    "usage": final["usage"],
+                }
+            )
+        )
 
     # --- stored responses -----------------------------------------------------
 
@@ -519,6 +578,13 @@ async def _follow_store(store: ResponseStore, response_id: str, after: int) -> A
             break
         await trio.sleep(_STORE_POLL)
     yield encode_done()
+
+
+_COMPACT_PROMPT = (
+    "Summarise the conversation above so that it can be continued from your summary alone: the user's goals, "
+    "decisions made, important facts and names (files, functions, commands), work done, and what is still open. "
+    "Be concise and complete; do not address the user."
+)
 
 
 def _int_arg(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:

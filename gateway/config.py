@@ -71,6 +71,15 @@ class Settings(BaseSettings):
         ),
     )
 
+    gateway_secret_key: str = Field(
+        "",
+        description=(
+            "Secret for sealing reasoning and compaction content that clients carry between turns; "
+            "set the same value on every instance (empty: a random key per process)."
+        ),
+        repr=False,
+    )
+
     # --- conversation state ------------------------------------------------
     store_backend: Literal["sqlite", "memory", "redis"] = Field(
         "sqlite", description="Where stored responses live: sqlite (embedded default), memory or redis."

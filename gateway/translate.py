@@ -9,7 +9,7 @@ the backend is reached or how events are transported.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,8 @@ class TranslateOptions:
     """Backend capabilities the translation depends on."""
 
     forward_reasoning_content: bool = True
+    # Opens content this gateway sealed (kind, token) -> value, or None.
+    open_sealed: Callable[[str, str], dict[str, Any] | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +183,8 @@ def _input_messages(items: Any, options: TranslateOptions, where: str = "input")
             )
         elif item.type == "mcp_call":
             builder.mcp_call(item)
+        elif item.type == "compaction":
+            builder.compaction(item, param)
         elif item.type == "custom_tool_call":
             data = item.model_dump()
             builder.function_call(
@@ -292,8 +296,23 @@ class _MessageBuilder:
     def reasoning(self, item: ReasoningItem) -> None:
         parts = item.content or item.summary
         text = "".join(p.text for p in parts if isinstance(p, OutputText))
+        if not text and item.encrypted_content and self.options.open_sealed is not None:
+            sealed = self.options.open_sealed("reasoning", item.encrypted_content)
+            text = str(sealed.get("text", "")) if sealed else ""  # not ours: nothing to read
         if text:
             self.pending_reasoning.append(text)
+
+    def compaction(self, item: Any, param: str) -> None:
+        """A compacted stretch of conversation, expanded to its summary."""
+        token = item.model_dump().get("encrypted_content")
+        sealed = self.options.open_sealed("compaction", token) if self.options.open_sealed and token else None
+        if sealed is None:
+            raise InvalidRequest(
+                "This compaction item was not produced by this gateway (or its key changed).",
+                param=f"{param}.encrypted_content",
+                code="invalid_encrypted_content",
+            )
+        self.messages.append({"role": "system", "content": f"Summary of the conversation so far:\n{sealed.get('summary', '')}"})
 
     def finish(self) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []

@@ -163,6 +163,7 @@ class ResponseTranslator:
         gateway_tools: Mapping[str, str] | None = None,
         input_tokens_estimate: int = 0,
         tool_kinds: Mapping[str, Any] | None = None,
+        seal_reasoning: Callable[[str], str] | None = None,
     ) -> None:
         """`response` is the `ResponseResource` skeleton (id, echoed settings).
 
@@ -179,6 +180,7 @@ class ResponseTranslator:
         self._approval: frozenset[str] = frozenset()
         # chat function name -> the client's tool (kind "custom" or a namespaced "function")
         self._tool_kinds = dict(tool_kinds or {})
+        self._seal_reasoning = seal_reasoning  # include: reasoning.encrypted_content
         self._round_calls: list[RoundCall] = []
         self._pending_mcp: dict[str, dict[str, Any]] = {}  # item id -> mcp_call item awaiting its result
         self._usage_total: dict[str, Any] | None = None
@@ -490,7 +492,9 @@ class ResponseTranslator:
                 "response.content_part.done", item_id=item.id, output_index=item.index, content_index=0, part=part
             )
         )
-        done = {"id": item.id, "type": "reasoning", "summary": [], "content": [part]}
+        done: dict[str, Any] = {"id": item.id, "type": "reasoning", "summary": [], "content": [part]}
+        if self._seal_reasoning is not None:
+            done["encrypted_content"] = self._seal_reasoning(text)
         self._slots[item.index] = done
         events.append(self._event("response.output_item.done", output_index=item.index, item=_copy_item(done)))
 
