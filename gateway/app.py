@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
@@ -17,7 +18,7 @@ from typing import Any, cast
 
 import orjson
 import trio
-from quart import Response, current_app, request
+from quart import Response, current_app, request, websocket
 from quart.utils import encode_headers
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
@@ -33,7 +34,7 @@ from .store import ResponseStore, open_store
 from .streams.toolloop import ToolLoop, ToolOutcome
 from .toolbox import RequestTools, ToolSource, hosted_specs, listed_tool, open_hosted, request_tools
 from .streams.translator import RoundCall
-from .streams.relay import DeferredHeadBody, ResponseEventStream, StreamOutcome, collect_response
+from .streams.relay import DeferredHeadBody, ResponseEventStream, StreamOutcome, collect_response, fail_with
 from .streams.sse import encode_done, encode_event
 from .streams.translator import ResponseTranslator, random_id
 from .sealing import Sealer
@@ -315,6 +316,104 @@ def create_app(
         _log_request(response_id, model, final["status"], 200, started, None)
         return _json(orjson.dumps(final))
 
+    @app.websocket("/v1/responses")
+    @app.websocket("/responses")
+    async def _responses_socket() -> None:
+        """WebSocket mode: `response.create` messages answered in order with the same events as SSE."""
+        opened = trio.current_time()
+        latest: dict[str, Any] = {}  # the connection's latest response: id -> the items it continues from
+        with trio.move_on_after(settings.websocket_max_age) as limit:
+            while True:
+                raw = await websocket.receive()
+                if not await _ws_turn(raw if isinstance(raw, bytes) else raw.encode(), latest):
+                    break
+        if limit.cancelled_caught or trio.current_time() - opened >= settings.websocket_max_age:
+            await websocket.send(orjson.dumps(_ws_error(400, "websocket_connection_limit_reached",
+                "This connection reached its time limit; open a new one.")).decode())
+            await websocket.close(1000)
+
+    async def _ws_turn(raw: bytes, latest: dict[str, Any]) -> bool:
+        """One `response.create`; False when the connection should end."""
+        try:
+            message = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            await _ws_send([_ws_error(400, "invalid_json", "The message is not valid JSON.")])
+            return True
+        if not isinstance(message, dict) or message.get("type") != "response.create":
+            await _ws_send([_ws_error(400, "invalid_event_type", "Send response.create events.", param="type")])
+            return True
+        for field_name in ("stream", "stream_options", "background"):
+            if field_name in message:
+                await _ws_send([_ws_error(400, "invalid_request", f"'{field_name}' is not allowed in WebSocket mode.", param=field_name)])
+                return True
+        body = {k: v for k, v in message.items() if k != "type"}
+        previous = body.get("previous_response_id")
+        cached = latest.get(previous) if previous else None
+        try:
+            req = parse_create_request(orjson.dumps({**body, "previous_response_id": None} if cached is not None else body))
+            if hosted_specs(req.tools):
+                raise InvalidRequest("Hosted mcp tools are not available in WebSocket mode yet.", param="tools", code="unsupported_parameter")
+            prepared = await conversation.prepare(app.store, req, ids)
+        except GatewayError as error:
+            if previous:
+                latest.pop(previous, None)  # a failed continuation forgets the id
+            await _ws_send([_ws_error(error.status, error.code or "invalid_request", error.message, param=error.param)])
+            return True
+        if cached is not None:
+            prepared.history = [*cached, *prepared.history]
+            req = req.model_copy(update={"previous_response_id": previous})
+        response_id = ids("resp")
+        plan = plan_chat_request(
+            req, response_id=response_id, created_at=int(clock()), options=options, history=prepared.history, items=prepared.input
+        )
+        offered = request_tools(
+            app.mcp, client_names=[t["function"]["name"] for t in plan.body.get("tools", ())], enabled=(req.model_extra or {}).get("gateway_tools", True) is not False
+        )
+        loop = None
+        if offered.routes and plan.allowed_tools is None:
+            plan.body.setdefault("tools", []).extend(offered.chat_tools)
+            loop = ToolLoop(offered, max_rounds=settings.max_tool_call_iterations, call_timeout=settings.mcp_call_timeout, concurrency=settings.mcp_call_concurrency)
+        translator = ResponseTranslator(
+            plan.response, ids=ids, clock=clock, reasoning_events=settings.reasoning_events,
+            allowed_tools=plan.allowed_tools, gateway_tools=offered.routes if loop is not None else None,
+            input_tokens_estimate=len(orjson.dumps(plan.body["messages"])) // 4, tool_kinds=plan.tool_kinds,
+            seal_reasoning=(lambda text: sealer.seal("reasoning", {"text": text}))
+            if "reasoning.encrypted_content" in (req.include or ()) else None,
+        )
+        events: list[dict[str, Any]] = []
+        send, receive = trio.open_memory_channel[list[dict[str, Any]]](math.inf)
+
+        def publish(batch: list[dict[str, Any]]) -> None:
+            events.extend(batch)
+            send.send_nowait(batch)
+
+        async def forward() -> None:
+            async with receive:
+                async for batch in receive:
+                    await _ws_send(batch)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(forward)
+            async with send:
+                try:
+                    await collect_response(app.backend, plan.body, translator, on_events=publish, loop=loop)
+                except GatewayError as error:
+                    if not translator.done:
+                        publish(fail_with(translator, error))
+        final = translator.response
+        if final.get("status") == "failed" and previous:
+            latest.pop(previous, None)
+        history_items = [i.model_dump(exclude_none=True) for i in prepared.history]
+        latest.clear()  # only the latest response is kept on the connection
+        latest[response_id] = conversation.to_wire([*history_items, *prepared.input_records, *(final.get("output") or ())])
+        if req.store is not False:
+            await app.store.save(conversation.record_for(req, prepared, dict(final), events))
+        return True
+
+    async def _ws_send(events: list[dict[str, Any]]) -> None:
+        for event in events:
+            await websocket.send(orjson.dumps(event).decode())
+
     @app.post("/v1/responses/compact")
     @app.post("/responses/compact")
     async def _compact() -> Response:
@@ -585,6 +684,12 @@ _COMPACT_PROMPT = (
     "decisions made, important facts and names (files, functions, commands), work done, and what is still open. "
     "Be concise and complete; do not address the user."
 )
+
+
+def _ws_error(status: int, code: str, message: str, *, param: str | None = None) -> dict[str, Any]:
+    """The spec's WebSocket error envelope."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"type": "error", "status": status, "error": {"type": kind, "code": code, "message": message, "param": param}}
 
 
 def _int_arg(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:

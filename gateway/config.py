@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     max_request_body_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="Largest accepted request body; larger ones get 413."
     )
+    websocket_max_age: float = Field(
+        3600.0, gt=0, description="Seconds a WebSocket connection may stay open (the spec's 60-minute limit)."
+    )
     reasoning_events: Literal["openai", "spec"] = Field(
         "openai",
         description=(

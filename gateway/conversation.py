@@ -20,7 +20,7 @@ from .errors import InvalidRequest, NotFound
 from .store import ResponseStore, StoredResponse
 from .wire import CreateResponseRequest, InputItem, ItemReference
 
-__all__ = ["Prepared", "input_item_records", "prepare", "record_for"]
+__all__ = ["Prepared", "input_item_records", "prepare", "record_for", "to_wire"]
 
 _ITEMS = TypeAdapter(list[InputItem])
 _MAX_CHAIN = 10_000  # a loop in stored data must not hang a request
@@ -64,7 +64,7 @@ async def prepare(store: ResponseStore | None, req: CreateResponseRequest, ids: 
             resolved.append(found)
         else:
             resolved.append(record)
-    return Prepared(history=_wire(history), input=_wire(resolved), input_records=resolved)
+    return Prepared(history=to_wire(history), input=to_wire(resolved), input_records=resolved)
 
 
 async def _chain(store: ResponseStore | None, response_id: str) -> list[dict[str, Any]]:
@@ -95,7 +95,8 @@ def _as_list(value: Any) -> list[Any]:
     return list(value)
 
 
-def _wire(items: list[dict[str, Any]]) -> list[Any]:
+def to_wire(items: list[dict[str, Any]]) -> list[Any]:
+    """Stored item dicts as wire items (an item that no longer parses is skipped)."""
     try:
         return _ITEMS.validate_python(items)
     except ValidationError:

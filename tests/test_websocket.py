@@ -1,0 +1,105 @@
+"""WebSocket mode on /v1/responses, with a real WebSocket client."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+import orjson
+import trio
+from httpx2.websockets import AsyncWebSocketClient
+
+from spec import _cached_validator, validate_event
+
+TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
+
+
+async def turn(ws: Any, **body: Any) -> list[dict[str, Any]]:
+    await ws.send_text(orjson.dumps({"type": "response.create", **body}).decode())
+    events = []
+    with trio.fail_after(10):
+        while True:
+            event = orjson.loads(await ws.receive_text())
+            events.append(event)
+            if event["type"] in TERMINAL or (event["type"] == "error" and "status" in event):
+                return events
+
+
+def ws_url(gateway_url: str) -> str:
+    return gateway_url + "/v1/responses"
+
+
+@contextlib.asynccontextmanager
+async def aconnect_ws(url: str) -> AsyncIterator[Any]:
+    async with httpx2.AsyncClient(timeout=10) as http:
+        async with AsyncWebSocketClient(http).connect(url) as ws:
+            yield ws
+
+
+async def test_turns_on_one_socket_get_the_same_events_as_sse_in_order(gateway_url):
+    async with aconnect_ws(ws_url(gateway_url)) as ws:
+        first = await turn(ws, model="text", input="hi")
+        second = await turn(ws, model="reasoning", input="2+2?")
+    for events in (first, second):
+        for event in events:
+            validate_event(event)
+        assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert first[-1]["response"]["output"][0]["content"][0]["text"] == "Hello, world!"
+
+
+async def test_store_false_continuations_use_the_connection_cache(gateway_url, backend, client):
+    async with aconnect_ws(ws_url(gateway_url)) as ws:
+        first = await turn(ws, model="text", input="one", store=False)
+        first_id = first[-1]["response"]["id"]
+        second = await turn(ws, model="text", input="two", store=False, previous_response_id=first_id)
+        assert second[-1]["type"] == "response.completed"
+        assert [m["content"] for m in backend.chat_requests[-1]["messages"]] == ["one", "Hello, world!", "two"]
+        # Only the latest response is cached: the first one is gone now, and was never stored.
+        gone = await turn(ws, model="text", input="three", store=False, previous_response_id=first_id)
+        error = gone[-1]
+        _cached_validator("WebSocketErrorEvent").validate(error)
+        assert (error["status"], error["error"]["code"]) == (404, "previous_response_not_found")
+    assert (await client.get(f"{gateway_url}/v1/responses/{first_id}")).status_code == 404
+
+
+async def test_bad_messages_get_the_error_envelope_and_the_socket_stays_open(gateway_url):
+    async with aconnect_ws(ws_url(gateway_url)) as ws:
+        for payload, code in (
+            (b"{nope", "invalid_json"),
+            (orjson.dumps({"type": "response.cancel"}), "invalid_event_type"),
+            (orjson.dumps({"type": "response.create", "model": "text", "input": "x", "stream": True}), "invalid_request"),
+        ):
+            await ws.send_text(payload.decode())
+            with trio.fail_after(5):
+                error = orjson.loads(await ws.receive_text())
+            _cached_validator("WebSocketErrorEvent").validate(error)
+            assert error["error"]["code"] == code
+        assert (await turn(ws, model="text", input="still here"))[-1]["type"] == "response.completed"
+
+
+async def test_a_backend_failure_ends_the_turn_with_response_failed(gateway_url):
+    async with aconnect_ws(ws_url(gateway_url)) as ws:
+        events = await turn(ws, model="error-mid-stream", input="x")
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+
+
+async def test_leaving_the_socket_closes_the_backend_call(gateway_url, backend):
+    async with aconnect_ws(ws_url(gateway_url)) as ws:
+        await ws.send_text(orjson.dumps({"type": "response.create", "model": "hang", "input": "x"}).decode())
+        with trio.fail_after(5):
+            await backend.stream_started.wait()
+    with trio.fail_after(2):
+        await backend.client_left.wait()
+
+
+async def test_the_connection_limit_ends_the_socket_with_its_error(start_gateway):
+    url = await start_gateway(websocket_max_age=0.3)
+    async with aconnect_ws(ws_url(url)) as ws:
+        assert (await turn(ws, model="text", input="x"))[-1]["type"] == "response.completed"
+        with trio.fail_after(5):
+            error = orjson.loads(await ws.receive_text())
+    _cached_validator("WebSocketErrorEvent").validate(error)
+    assert error["error"]["code"] == "websocket_connection_limit_reached"
