@@ -96,3 +96,27 @@ async def test_the_sdk_stream_helper_accepts_custom_tool_calls(gateway_url):
             pass
         final = await stream.get_final_response()
     assert final.output[0].type == "custom_tool_call" and final.output[0].input.startswith("*** Begin Patch")
+
+
+async def test_a_stateless_codex_session_over_three_turns(gateway_url, client, backend):
+    """Codex sends store: false and the whole history each turn, reasoning sealed, tools its own."""
+    common = {"store": False, "include": ["reasoning.encrypted_content"], "tools": [SHELL, APPLY_PATCH], "instructions": "You are Codex."}
+    history: list[Any] = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "think first"}]}]
+
+    one = (await client.post(gateway_url + "/v1/responses", json={"model": "reasoning", "input": history, **common})).json()
+    history += one["output"]
+    history.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "now patch"}]})
+
+    two = (await client.post(gateway_url + "/v1/responses", json={"model": "custom-call", "input": history, **common})).json()
+    patch = two["output"][0]
+    assert patch["type"] == "custom_tool_call"
+    history += two["output"]
+    history.append({"type": "custom_tool_call_output", "call_id": patch["call_id"], "output": "Success. Updated a.txt"})
+
+    three = (await client.post(gateway_url + "/v1/responses", json={"model": "text", "input": history, **common})).json()
+    assert three["status"] == "completed" and three["usage"]["total_tokens"] > 0
+    messages = backend.chat_requests[-1]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "tool"]
+    assert messages[2]["reasoning_content"] == "Let me think."  # opened from the sealed reasoning
+    assert messages[4]["tool_calls"][0]["function"]["name"] == "apply_patch"
+    assert messages[5] == {"role": "tool", "tool_call_id": patch["call_id"], "content": "Success. Updated a.txt"}
