@@ -174,6 +174,41 @@ def create_app(
         log.debug("internal error detail", exc_info=error)
         return error_response(InternalError("The gateway failed to process the request."))
 
+    # --- one response's parts, shared by HTTP and WebSocket ----------------------
+
+    def _tool_loop(tools: Any) -> ToolLoop:
+        return ToolLoop(
+            tools,
+            max_rounds=settings.max_tool_call_iterations,
+            call_timeout=settings.mcp_call_timeout,
+            concurrency=settings.mcp_call_concurrency,
+        )
+
+    def _offer_configured_tools(plan: Any, enabled: bool, *, offer: bool = True) -> tuple[Any, ToolLoop | None]:
+        """The configured MCP tools for this request, added to the chat tools; the loop that runs them."""
+        offered = request_tools(
+            app.mcp, client_names=[t["function"]["name"] for t in plan.body.get("tools", ())], enabled=enabled
+        )
+        if not (offer and offered.routes and plan.allowed_tools is None):
+            return offered, None
+        plan.body.setdefault("tools", []).extend(offered.chat_tools)
+        return offered, _tool_loop(offered)
+
+    def _translator(req: Any, plan: Any, gateway_tools: dict[str, str] | None) -> ResponseTranslator:
+        return ResponseTranslator(
+            plan.response,
+            ids=ids,
+            clock=clock,
+            reasoning_events=settings.reasoning_events,
+            allowed_tools=plan.allowed_tools,
+            gateway_tools=gateway_tools,
+            input_tokens_estimate=len(orjson.dumps(plan.body["messages"])) // 4,
+            tool_kinds=plan.tool_kinds,
+            seal_reasoning=(lambda text: sealer.seal("reasoning", {"text": text}))
+            if "reasoning.encrypted_content" in (req.include or ())
+            else None,
+        )
+
     # --- routes -----------------------------------------------------------------
 
     @app.get("/")
@@ -209,20 +244,8 @@ def create_app(
             raise InvalidRequest(
                 "Hosted mcp tools cannot run in background responses yet.", param="background", code="unsupported_parameter"
             )
-        offered = request_tools(
-            app.mcp,
-            client_names=[t["function"]["name"] for t in plan.body.get("tools", ())],
-            enabled=_gateway_tools_enabled(req),
-        )
-        loop = None
-        if offered.routes and plan.allowed_tools is None and not specs:  # with hosted tools, setup offers them all
-            plan.body.setdefault("tools", []).extend(offered.chat_tools)
-            loop = ToolLoop(
-                offered,
-                max_rounds=settings.max_tool_call_iterations,
-                call_timeout=settings.mcp_call_timeout,
-                concurrency=settings.mcp_call_concurrency,
-            )
+        # With hosted tools, the setup offers the configured ones too (after the hosted ones).
+        offered, loop = _offer_configured_tools(plan, _gateway_tools_enabled(req), offer=not specs)
 
         async def _persist(events: list[dict[str, Any]]) -> None:
             await app.store.save(conversation.record_for(req, prepared, dict(translator.response), events))
@@ -244,12 +267,7 @@ def create_app(
                     tools.chat_tools.append(tool_def)
                     tools.routes[name] = configured.routes[name]
                     tools._sources[name] = configured._sources[name]
-                hosted_loop = ToolLoop(
-                    tools,
-                    max_rounds=settings.max_tool_call_iterations,
-                    call_timeout=settings.mcp_call_timeout,
-                    concurrency=settings.mcp_call_concurrency,
-                )
+                hosted_loop = _tool_loop(tools)
                 if tools.routes and plan.allowed_tools is None:
                     plan.body.setdefault("tools", []).extend(tools.chat_tools)
                     translator.set_gateway_tools(tools.routes, tools.approval)
@@ -261,19 +279,7 @@ def create_app(
                 events += await _resume_approvals(prepared, tools, translator, plan.body, settings.mcp_call_timeout)
                 return events, hosted_loop
 
-        translator = ResponseTranslator(
-            plan.response,
-            ids=ids,
-            clock=clock,
-            reasoning_events=settings.reasoning_events,
-            allowed_tools=plan.allowed_tools,
-            gateway_tools=offered.routes if loop is not None else None,
-            input_tokens_estimate=len(orjson.dumps(plan.body["messages"])) // 4,
-            tool_kinds=plan.tool_kinds,
-            seal_reasoning=(lambda text: sealer.seal("reasoning", {"text": text}))
-            if "reasoning.encrypted_content" in (req.include or ())
-            else None,
-        )
+        translator = _translator(req, plan, offered.routes if loop is not None else None)
         model = plan.body["model"]
         if req.background:
             record = conversation.record_for(req, prepared, queued_snapshot(translator.response), [])
@@ -366,20 +372,8 @@ def create_app(
         plan = plan_chat_request(
             req, response_id=response_id, created_at=int(clock()), options=options, history=prepared.history, items=prepared.input
         )
-        offered = request_tools(
-            app.mcp, client_names=[t["function"]["name"] for t in plan.body.get("tools", ())], enabled=(req.model_extra or {}).get("gateway_tools", True) is not False
-        )
-        loop = None
-        if offered.routes and plan.allowed_tools is None:
-            plan.body.setdefault("tools", []).extend(offered.chat_tools)
-            loop = ToolLoop(offered, max_rounds=settings.max_tool_call_iterations, call_timeout=settings.mcp_call_timeout, concurrency=settings.mcp_call_concurrency)
-        translator = ResponseTranslator(
-            plan.response, ids=ids, clock=clock, reasoning_events=settings.reasoning_events,
-            allowed_tools=plan.allowed_tools, gateway_tools=offered.routes if loop is not None else None,
-            input_tokens_estimate=len(orjson.dumps(plan.body["messages"])) // 4, tool_kinds=plan.tool_kinds,
-            seal_reasoning=(lambda text: sealer.seal("reasoning", {"text": text}))
-            if "reasoning.encrypted_content" in (req.include or ()) else None,
-        )
+        offered, loop = _offer_configured_tools(plan, (req.model_extra or {}).get("gateway_tools", True) is not False)
+        translator = _translator(req, plan, offered.routes if loop is not None else None)
         events: list[dict[str, Any]] = []
         send, receive = trio.open_memory_channel[list[dict[str, Any]]](math.inf)
 
@@ -542,12 +536,7 @@ def create_app(
             response.timeout = None
             return response
         body["tools"] = [*(body.get("tools") or []), *offered.chat_tools]
-        loop = ToolLoop(
-            offered,
-            max_rounds=settings.max_tool_call_iterations,
-            call_timeout=settings.mcp_call_timeout,
-            concurrency=settings.mcp_call_concurrency,
-        )
+        loop = _tool_loop(offered)
         names = set(offered.routes)
         if body.get("stream"):
             stream = ChatLoopStream(
