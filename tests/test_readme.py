@@ -49,3 +49,11 @@ def test_the_readme_commands_exist_in_the_justfile():
         assert re.search(rf"^{recipe}\b", justfile, re.M)
     ci = (README.parent / ".ci" / "run").read_text()
     assert '"$JUST" test' in ci
+
+
+def test_every_setting_is_in_the_configuration_table():
+    from gateway import Settings
+
+    text = README.read_text()
+    missing = [name.upper() for name in Settings.model_fields if f"`{name.upper()}`" not in text]
+    assert missing == []
