@@ -12,32 +12,30 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
-from types import TracebackType
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 import trio
-from quart import Response, current_app, request, websocket
+from quart import Response, request, websocket
 from quart.utils import encode_headers
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from .backend import ChatBackend, OpenAICompatibleBackend, passthrough_response_headers
-from . import conversation
+from . import conversation, web
+from .backend import ChatBackend, OpenAICompatibleBackend
+from .background import BackgroundRunner, queued_snapshot
 from .chat_loop import ChatLoopStream, run_chat_loop
-from .background import TERMINAL, BackgroundJob, BackgroundRunner, queued_snapshot
 from .config import Settings
 from .errors import GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
+from .sealing import Sealer
 from .store import ResponseStore, open_store
-from .streams.toolloop import ToolLoop, ToolOutcome
-from .toolbox import RequestTools, ToolSource, hosted_specs, listed_tool, open_hosted, request_tools
-from .streams.translator import RoundCall
 from .streams.relay import DeferredHeadBody, ResponseEventStream, StreamOutcome, collect_response, fail_with
 from .streams.sse import encode_done, encode_event
+from .streams.toolloop import ToolLoop
 from .streams.translator import ResponseTranslator, random_id
-from .sealing import Sealer
+from .toolbox import RequestTools, ToolSource, hosted_specs, listed_tool, open_hosted, request_tools, resume_approvals
 from .translate import TranslateOptions, plan_chat_request
 from .wire import parse_create_request
 
@@ -223,7 +221,7 @@ def create_app(
     @app.post("/responses")
     async def _create_response() -> Response:
         started = trio.current_time()
-        req = parse_create_request(await _body_bytes())
+        req = parse_create_request(await web.body_bytes())
         if req.background and req.store is False:
             raise InvalidRequest(
                 "Background responses must be stored: 'store' cannot be false.", param="store", code="invalid_value"
@@ -276,7 +274,7 @@ def create_app(
                     events += translator.list_tools(
                         listing.spec.server_label, [listed_tool(t) for t in listing.tools], listing.error
                     )
-                events += await _resume_approvals(prepared, tools, translator, plan.body, settings.mcp_call_timeout)
+                events += await resume_approvals(prepared, tools, translator, plan.body, settings.mcp_call_timeout)
                 return events, hosted_loop
 
         translator = _translator(req, plan, offered.routes if loop is not None else None)
@@ -286,7 +284,7 @@ def create_app(
             job = await app.runner.start(record, translator, plan.body, loop)
             _log_request(response_id, model, "queued", 200, started, None)
             if req.stream:
-                return _event_stream(_follow(job, -1))
+                return web.event_stream(web.follow_job(job, -1))
             return _json(orjson.dumps(record.response))
         if req.stream:
 
@@ -334,7 +332,7 @@ def create_app(
                 if not await _ws_turn(raw if isinstance(raw, bytes) else raw.encode(), latest):
                     break
         if limit.cancelled_caught or trio.current_time() - opened >= settings.websocket_max_age:
-            await websocket.send(orjson.dumps(_ws_error(400, "websocket_connection_limit_reached",
+            await websocket.send(orjson.dumps(web.ws_error(400, "websocket_connection_limit_reached",
                 "This connection reached its time limit; open a new one.")).decode())
             await websocket.close(1000)
 
@@ -343,14 +341,14 @@ def create_app(
         try:
             message = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            await _ws_send([_ws_error(400, "invalid_json", "The message is not valid JSON.")])
+            await _ws_send([web.ws_error(400, "invalid_json", "The message is not valid JSON.")])
             return True
         if not isinstance(message, dict) or message.get("type") != "response.create":
-            await _ws_send([_ws_error(400, "invalid_event_type", "Send response.create events.", param="type")])
+            await _ws_send([web.ws_error(400, "invalid_event_type", "Send response.create events.", param="type")])
             return True
         for field_name in ("stream", "stream_options", "background"):
             if field_name in message:
-                await _ws_send([_ws_error(400, "invalid_request", f"'{field_name}' is not allowed in WebSocket mode.", param=field_name)])
+                await _ws_send([web.ws_error(400, "invalid_request", f"'{field_name}' is not allowed in WebSocket mode.", param=field_name)])
                 return True
         body = {k: v for k, v in message.items() if k != "type"}
         previous = body.get("previous_response_id")
@@ -363,7 +361,7 @@ def create_app(
         except GatewayError as error:
             if previous:
                 latest.pop(previous, None)  # a failed continuation forgets the id
-            await _ws_send([_ws_error(error.status, error.code or "invalid_request", error.message, param=error.param)])
+            await _ws_send([web.ws_error(error.status, error.code or "invalid_request", error.message, param=error.param)])
             return True
         if cached is not None:
             prepared.history = [*cached, *prepared.history]
@@ -413,7 +411,7 @@ def create_app(
     async def _compact() -> Response:
         """Summarise a conversation through the backend: retained user messages plus a sealed compaction item."""
         started = trio.current_time()
-        req = parse_create_request(await _body_bytes())
+        req = parse_create_request(await web.body_bytes())
         prepared = await conversation.prepare(app.store, req, ids)
         summarise = req.model_copy(update={"tools": None, "tool_choice": None, "text": None, "reasoning": None})
         plan = plan_chat_request(
@@ -468,17 +466,17 @@ def create_app(
     @app.get("/responses/<response_id>")
     async def _get_response(response_id: str) -> Response:
         streaming = request.args.get("stream", "").lower() in ("true", "1")
-        after = _int_arg("starting_after", -1)
+        after = web.int_arg("starting_after", -1)
         job = app.runner.job(response_id)
         if job is not None:
-            return _event_stream(_follow(job, after)) if streaming else _json(orjson.dumps(job.snapshot()))
+            return web.event_stream(web.follow_job(job, after)) if streaming else _json(orjson.dumps(job.snapshot()))
         record = await _stored(response_id)
         if not streaming:
             return _json(orjson.dumps(record.response))
         if record.response.get("status") in ("queued", "in_progress"):
-            return _event_stream(_follow_store(app.store, response_id, after))  # running on another instance
+            return web.event_stream(web.follow_store(app.store, response_id, after))  # running on another instance
         body = b"".join(encode_event(e) for e in record.events if e.get("sequence_number", 0) > after)
-        return _event_stream(_once(body + encode_done()))
+        return web.event_stream(web.once(body + encode_done()))
 
     @app.post("/v1/responses/<response_id>/cancel")
     @app.post("/responses/<response_id>/cancel")
@@ -511,12 +509,12 @@ def create_app(
     @app.get("/responses/<response_id>/input_items")
     async def _input_items(response_id: str) -> Response:
         record = await _stored(response_id)
-        return _json(orjson.dumps(_page(record.input_items)))
+        return _json(orjson.dumps(web.page(record.input_items)))
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def _chat_completions() -> Response:
-        raw = await _body_bytes()
+        raw = await web.body_bytes()
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -529,7 +527,7 @@ def create_app(
         ).lower() not in ("none", "off", "false")
         offered = request_tools(app.mcp, client_names=[n for n in own if n], enabled=enabled)
         if not offered.routes or body.get("tool_choice") == "none":
-            passthrough = _PassthroughBody(
+            passthrough = web.PassthroughBody(
                 app.backend, "POST", "chat/completions", request.query_string, dict(request.headers), orjson.dumps(body)
             )
             response = Response(passthrough)
@@ -549,69 +547,19 @@ def create_app(
 
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def _passthrough(path: str) -> Response:
-        body = _PassthroughBody(
+        body = web.PassthroughBody(
             app.backend,
             request.method,
             path,
             request.query_string,
             dict(request.headers),
-            await _body_bytes(),
+            await web.body_bytes(),
         )
         response = Response(body)
         response.timeout = None
         return response
 
     return app
-
-
-async def _resume_approvals(
-    prepared: Any, tools: RequestTools, translator: ResponseTranslator, body: dict[str, Any], timeout: float
-) -> list[dict[str, Any]]:
-    """Run (or decline) the tool calls the client answered with `mcp_approval_response` items.
-
-    Raises:
-        InvalidRequest: a response names no approval request in the conversation.
-    """
-    answers = [item for item in prepared.input if getattr(item, "type", None) == "mcp_approval_response"]
-    if not answers:
-        return []
-    asked = {
-        data.get("id"): data
-        for data in (item.model_dump() for item in [*prepared.history, *prepared.input])
-        if data.get("type") == "mcp_approval_request"
-    }
-    events: list[dict[str, Any]] = []
-    for answer in answers:
-        data = answer.model_dump()
-        request_id = data.get("approval_request_id")
-        ask = asked.get(request_id)
-        if ask is None:
-            raise InvalidRequest(
-                f"No mcp_approval_request with id '{request_id}' in this conversation.",
-                param="input",
-                code="approval_request_not_found",
-            )
-        name, arguments, label = ask.get("name", ""), ask.get("arguments") or "{}", ask.get("server_label", "")
-        if data.get("approve") is True:
-            with trio.move_on_after(timeout) as waited:
-                outcome = await tools.run(RoundCall(request_id, request_id, name, arguments, label))
-            if waited.cancelled_caught:
-                outcome = ToolOutcome(error=f"the tool call timed out after {timeout:g} s")
-            events += translator.record_mcp_call(
-                label, name, arguments, output=outcome.output, error=outcome.error, approval_request_id=request_id
-            )
-            result = outcome.text_for_model
-        else:
-            result = "The user did not approve this tool call." + (f" Reason: {data['reason']}" if data.get("reason") else "")
-        body["messages"].append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [{"id": request_id, "type": "function", "function": {"name": name, "arguments": arguments}}],
-            }
-        )
-        body["messages"].append({"role": "tool", "tool_call_id": request_id, "content": result})
-    return events
 
 
 def _gateway_tools_enabled(req: Any) -> bool:
@@ -622,151 +570,11 @@ def _gateway_tools_enabled(req: Any) -> bool:
     return request.headers.get("x-gateway-tools", "").lower() not in ("none", "off", "false")
 
 
-def _event_stream(body: Any) -> Response:
-    response = Response(body, status=200, content_type="text/event-stream")
-    response.headers["cache-control"] = "no-cache"
-    response.timeout = None
-    return response
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
-async def _follow(job: BackgroundJob, after: int) -> AsyncIterator[bytes]:
-    """A running job's events after `after`, live, until it ends (the job goes on if the client leaves)."""
-    index = 0
-    while True:
-        changed = job.changed_event()
-        new = job.events[index:]
-        index += len(new)
-        data = b"".join(encode_event(e) for e in new if e.get("sequence_number", 0) > after)
-        if data:
-            yield data
-        if job.finished.is_set() and index >= len(job.events):
-            break
-        await changed.wait()
-    yield encode_done()
-
-
-_STORE_POLL = 0.5
-
-
-async def _follow_store(store: ResponseStore, response_id: str, after: int) -> AsyncIterator[bytes]:
-    """Follow a response another instance is running, through the store's saves."""
-    while True:
-        record = await store.load(response_id)
-        if record is None:
-            break
-        new = [e for e in record.events if e.get("sequence_number", 0) > after]
-        if new:
-            after = new[-1]["sequence_number"]
-            yield b"".join(encode_event(e) for e in new)
-        if record.response.get("status") in TERMINAL:
-            break
-        await trio.sleep(_STORE_POLL)
-    yield encode_done()
-
-
 _COMPACT_PROMPT = (
     "Summarise the conversation above so that it can be continued from your summary alone: the user's goals, "
     "decisions made, important facts and names (files, functions, commands), work done, and what is still open. "
     "Be concise and complete; do not address the user."
 )
-
-
-def _ws_error(status: int, code: str, message: str, *, param: str | None = None) -> dict[str, Any]:
-    """The spec's WebSocket error envelope."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"type": "error", "status": status, "error": {"type": kind, "code": code, "message": message, "param": param}}
-
-
-def _int_arg(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:
-    raw = request.args.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidRequest(f"Invalid value for '{name}': expected an integer.", param=name, code="invalid_type") from None
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise InvalidRequest(f"Invalid value for '{name}': out of range.", param=name, code="invalid_value")
-    return value
-
-
-def _page(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """One page of a list in OpenAI's cursor shape (limit, order, after, before)."""
-    limit = _int_arg("limit", 20, low=1, high=100)
-    order = request.args.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidRequest("Invalid value for 'order': expected 'asc' or 'desc'.", param="order", code="invalid_value")
-    ordered = items if order == "asc" else list(reversed(items))
-    ids = [item.get("id") for item in ordered]
-    start, end = 0, len(ordered)
-    for name in ("after", "before"):
-        cursor = request.args.get(name)
-        if cursor:
-            if cursor not in ids:
-                raise InvalidRequest(f"No item with id '{cursor}' in this list.", param=name, code="invalid_value")
-            if name == "after":
-                start = ids.index(cursor) + 1
-            else:
-                end = ids.index(cursor)
-    window = ordered[start:end]
-    data = window[:limit]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0].get("id") if data else None,
-        "last_id": data[-1].get("id") if data else None,
-        "has_more": len(window) > limit,
-    }
-
-
-async def _body_bytes() -> bytes:
-    """The request body, decompressed when the client sent it compressed (Codex sends zstd).
-
-    Raises:
-        RequestTooLarge: the decompressed body passes the configured limit.
-        InvalidRequest: an unknown or corrupt encoding.
-    """
-    data = await request.get_data(as_text=False)
-    raw = data if isinstance(data, bytes) else data.encode()
-    encoding = request.headers.get("content-encoding", "").strip().lower()
-    if encoding in ("", "identity"):
-        return raw
-    limit = int(current_app.config["MAX_CONTENT_LENGTH"])
-    return _decompress(raw, encoding, limit)
-
-
-def _decompress(raw: bytes, encoding: str, limit: int) -> bytes:
-    import zlib
-
-    try:
-        if encoding == "zstd":
-            import zstandard
-
-            with zstandard.ZstdDecompressor().stream_reader(raw) as reader:
-                out = reader.read(limit + 1)
-        elif encoding in ("gzip", "deflate"):
-            window = 31 if encoding == "gzip" else 15
-            inflater = zlib.decompressobj(window)
-            out = inflater.decompress(raw, limit + 1)
-        else:
-            raise InvalidRequest(
-                f"Unsupported Content-Encoding '{encoding}': use zstd, gzip, deflate or none.",
-                param="content-encoding",
-                code="unsupported_encoding",
-            )
-    except GatewayError:
-        raise
-    except Exception:  # zlib.error, zstandard.ZstdError: the bytes are not what the header says
-        raise InvalidRequest(
-            f"The request body is not valid {encoding} data.", param="content-encoding", code="invalid_encoding"
-        ) from None
-    if len(out) > limit:  # a small body that inflates past the limit
-        raise RequestTooLarge(f"The decompressed request body exceeds the limit of {limit} bytes.")
-    return out
 
 
 def _log_request(
@@ -791,57 +599,3 @@ def _log_request(
         ttfe,
         " client_left" if client_left else "",
     )
-
-
-class _PassthroughBody(DeferredHeadBody):
-    """Relays one `/v1/{path}` request to the backend, streaming the answer."""
-
-    def __init__(
-        self, backend: ChatBackend, method: str, path: str, query: bytes, headers: dict[str, str], body: bytes
-    ) -> None:
-        self._backend = backend
-        self._args = (method, path, query, headers, body)
-        self._cm: Any = None
-        self._upstream: Any = None
-        self._error: bytes | None = None
-        self._status = 502
-        self._chunks: Any = None
-
-    async def __aenter__(self) -> _PassthroughBody:
-        cm = self._backend.open_passthrough(*self._args)
-        try:
-            self._upstream = await cm.__aenter__()
-        except GatewayError as error:
-            self._error, self._status = error_json(error), error.status
-        else:
-            self._cm = cm
-            self._chunks = self._upstream.aiter_bytes()
-        return self
-
-    async def head(self) -> tuple[int, dict[str, str]]:
-        if self._upstream is None:
-            return self._status, {"content-type": "application/json"}
-        return self._upstream.status_code, passthrough_response_headers(self._upstream)
-
-    def __aiter__(self) -> _PassthroughBody:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._error is not None:
-            data, self._error = self._error, None
-            return data
-        if self._chunks is None:
-            raise StopAsyncIteration
-        try:
-            return cast(bytes, await self._chunks.__anext__())
-        except StopAsyncIteration:
-            raise
-        except Exception as error:  # the backend dropped mid-body; nothing more can be said
-            log.warning("passthrough body from the backend was cut (%s)", type(error).__name__)
-            raise StopAsyncIteration from None
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._cm is not None:
-            await self._cm.__aexit__(exc_type, exc, tb)

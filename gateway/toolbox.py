@@ -15,10 +15,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import trio
+
+from .errors import InvalidRequest
 from .streams.toolloop import ToolOutcome
 from .streams.translator import RoundCall
 
-__all__ = ["HostedListing", "HostedSpec", "RequestTools", "ToolSource", "hosted_specs", "listed_tool", "open_hosted", "request_tools"]
+__all__ = ["HostedListing", "HostedSpec", "RequestTools", "ToolSource", "hosted_specs", "listed_tool", "open_hosted", "request_tools", "resume_approvals"]
 
 
 class ToolSource(Protocol):
@@ -224,3 +227,53 @@ def listed_tool(tool: Any) -> dict[str, Any]:
         "input_schema": tool.input_schema or {"type": "object", "properties": {}},
         "annotations": None,
     }
+
+
+async def resume_approvals(
+    prepared: Any, tools: RequestTools, translator: Any, body: dict[str, Any], timeout: float
+) -> list[dict[str, Any]]:
+    """Run (or decline) the tool calls the client answered with `mcp_approval_response` items.
+
+    Raises:
+        InvalidRequest: a response names no approval request in the conversation.
+    """
+    answers = [item for item in prepared.input if getattr(item, "type", None) == "mcp_approval_response"]
+    if not answers:
+        return []
+    asked = {
+        data.get("id"): data
+        for data in (item.model_dump() for item in [*prepared.history, *prepared.input])
+        if data.get("type") == "mcp_approval_request"
+    }
+    events: list[dict[str, Any]] = []
+    for answer in answers:
+        data = answer.model_dump()
+        request_id = data.get("approval_request_id")
+        ask = asked.get(request_id)
+        if ask is None:
+            raise InvalidRequest(
+                f"No mcp_approval_request with id '{request_id}' in this conversation.",
+                param="input",
+                code="approval_request_not_found",
+            )
+        name, arguments, label = ask.get("name", ""), ask.get("arguments") or "{}", ask.get("server_label", "")
+        if data.get("approve") is True:
+            with trio.move_on_after(timeout) as waited:
+                outcome = await tools.run(RoundCall(request_id, request_id, name, arguments, label))
+            if waited.cancelled_caught:
+                outcome = ToolOutcome(error=f"the tool call timed out after {timeout:g} s")
+            events += translator.record_mcp_call(
+                label, name, arguments, output=outcome.output, error=outcome.error, approval_request_id=request_id
+            )
+            result = outcome.text_for_model
+        else:
+            result = "The user did not approve this tool call." + (f" Reason: {data['reason']}" if data.get("reason") else "")
+        body["messages"].append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": request_id, "type": "function", "function": {"name": name, "arguments": arguments}}],
+            }
+        )
+        body["messages"].append({"role": "tool", "tool_call_id": request_id, "content": result})
+    return events

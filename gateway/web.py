@@ -1,0 +1,232 @@
+"""HTTP pieces the routes share: request bodies, paging, SSE bodies for stored responses, passthrough.
+
+Owns how a request body is read (decompressed, bounded), how lists are
+paged, how stored or running responses become SSE bodies, the WebSocket
+error envelope, and the body that relays `/v1/{path}` to the backend.
+Nothing here decides the Responses protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any, cast
+
+import trio
+from quart import Response, current_app, request
+
+from .backend import ChatBackend, passthrough_response_headers
+from .background import TERMINAL, BackgroundJob
+from .errors import GatewayError, InvalidRequest, RequestTooLarge, error_json
+from .store import ResponseStore
+from .streams.relay import DeferredHeadBody
+from .streams.sse import encode_done, encode_event
+
+__all__ = [
+    "PassthroughBody",
+    "body_bytes",
+    "event_stream",
+    "follow_job",
+    "follow_store",
+    "int_arg",
+    "once",
+    "page",
+    "ws_error",
+]
+
+log = logging.getLogger("gateway")
+
+
+def event_stream(body: Any) -> Response:
+    response = Response(body, status=200, content_type="text/event-stream")
+    response.headers["cache-control"] = "no-cache"
+    response.timeout = None
+    return response
+
+
+async def once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def follow_job(job: BackgroundJob, after: int) -> AsyncIterator[bytes]:
+    """A running job's events after `after`, live, until it ends (the job goes on if the client leaves)."""
+    index = 0
+    while True:
+        changed = job.changed_event()
+        new = job.events[index:]
+        index += len(new)
+        data = b"".join(encode_event(e) for e in new if e.get("sequence_number", 0) > after)
+        if data:
+            yield data
+        if job.finished.is_set() and index >= len(job.events):
+            break
+        await changed.wait()
+    yield encode_done()
+
+
+STORE_POLL = 0.5
+
+
+async def follow_store(store: ResponseStore, response_id: str, after: int) -> AsyncIterator[bytes]:
+    """Follow a response another instance is running, through the store's saves."""
+    while True:
+        record = await store.load(response_id)
+        if record is None:
+            break
+        new = [e for e in record.events if e.get("sequence_number", 0) > after]
+        if new:
+            after = new[-1]["sequence_number"]
+            yield b"".join(encode_event(e) for e in new)
+        if record.response.get("status") in TERMINAL:
+            break
+        await trio.sleep(STORE_POLL)
+    yield encode_done()
+
+
+def ws_error(status: int, code: str, message: str, *, param: str | None = None) -> dict[str, Any]:
+    """The spec's WebSocket error envelope."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"type": "error", "status": status, "error": {"type": kind, "code": code, "message": message, "param": param}}
+
+
+def int_arg(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"Invalid value for '{name}': expected an integer.", param=name, code="invalid_type") from None
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise InvalidRequest(f"Invalid value for '{name}': out of range.", param=name, code="invalid_value")
+    return value
+
+
+def page(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """One page of a list in OpenAI's cursor shape (limit, order, after, before)."""
+    limit = int_arg("limit", 20, low=1, high=100)
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("Invalid value for 'order': expected 'asc' or 'desc'.", param="order", code="invalid_value")
+    ordered = items if order == "asc" else list(reversed(items))
+    ids = [item.get("id") for item in ordered]
+    start, end = 0, len(ordered)
+    for name in ("after", "before"):
+        cursor = request.args.get(name)
+        if cursor:
+            if cursor not in ids:
+                raise InvalidRequest(f"No item with id '{cursor}' in this list.", param=name, code="invalid_value")
+            if name == "after":
+                start = ids.index(cursor) + 1
+            else:
+                end = ids.index(cursor)
+    window = ordered[start:end]
+    data = window[:limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0].get("id") if data else None,
+        "last_id": data[-1].get("id") if data else None,
+        "has_more": len(window) > limit,
+    }
+
+
+async def body_bytes() -> bytes:
+    """The request body, decompressed when the client sent it compressed (Codex sends zstd).
+
+    Raises:
+        RequestTooLarge: the decompressed body passes the configured limit.
+        InvalidRequest: an unknown or corrupt encoding.
+    """
+    data = await request.get_data(as_text=False)
+    raw = data if isinstance(data, bytes) else data.encode()
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return raw
+    limit = int(current_app.config["MAX_CONTENT_LENGTH"])
+    return decompress(raw, encoding, limit)
+
+
+def decompress(raw: bytes, encoding: str, limit: int) -> bytes:
+    import zlib
+
+    try:
+        if encoding == "zstd":
+            import zstandard
+
+            with zstandard.ZstdDecompressor().stream_reader(raw) as reader:
+                out = reader.read(limit + 1)
+        elif encoding in ("gzip", "deflate"):
+            window = 31 if encoding == "gzip" else 15
+            inflater = zlib.decompressobj(window)
+            out = inflater.decompress(raw, limit + 1)
+        else:
+            raise InvalidRequest(
+                f"Unsupported Content-Encoding '{encoding}': use zstd, gzip, deflate or none.",
+                param="content-encoding",
+                code="unsupported_encoding",
+            )
+    except GatewayError:
+        raise
+    except Exception:  # zlib.error, zstandard.ZstdError: the bytes are not what the header says
+        raise InvalidRequest(
+            f"The request body is not valid {encoding} data.", param="content-encoding", code="invalid_encoding"
+        ) from None
+    if len(out) > limit:  # a small body that inflates past the limit
+        raise RequestTooLarge(f"The decompressed request body exceeds the limit of {limit} bytes.")
+    return out
+
+
+class PassthroughBody(DeferredHeadBody):
+    """Relays one `/v1/{path}` request to the backend, streaming the answer."""
+
+    def __init__(
+        self, backend: ChatBackend, method: str, path: str, query: bytes, headers: dict[str, str], body: bytes
+    ) -> None:
+        self._backend = backend
+        self._args = (method, path, query, headers, body)
+        self._cm: Any = None
+        self._upstream: Any = None
+        self._error: bytes | None = None
+        self._status = 502
+        self._chunks: Any = None
+
+    async def __aenter__(self) -> PassthroughBody:
+        cm = self._backend.open_passthrough(*self._args)
+        try:
+            self._upstream = await cm.__aenter__()
+        except GatewayError as error:
+            self._error, self._status = error_json(error), error.status
+        else:
+            self._cm = cm
+            self._chunks = self._upstream.aiter_bytes()
+        return self
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        if self._upstream is None:
+            return self._status, {"content-type": "application/json"}
+        return self._upstream.status_code, passthrough_response_headers(self._upstream)
+
+    def __aiter__(self) -> PassthroughBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._error is not None:
+            data, self._error = self._error, None
+            return data
+        if self._chunks is None:
+            raise StopAsyncIteration
+        try:
+            return cast(bytes, await self._chunks.__anext__())
+        except StopAsyncIteration:
+            raise
+        except Exception as error:  # the backend dropped mid-body; nothing more can be said
+            log.warning("passthrough body from the backend was cut (%s)", type(error).__name__)
+            raise StopAsyncIteration from None
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._cm is not None:
+            await self._cm.__aexit__(exc_type, exc, tb)
