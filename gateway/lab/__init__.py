@@ -6,4 +6,15 @@
 - `llamacpp`: llama.cpp (xllamacpp) with SmolLM2-135M, for the demo and end-to-end tests.
 """
 
-__all__: list[str] = []
+__all__ = ["client_host"]
+
+
+def client_host(host: str) -> str:
+    """Where to connect to a server bound on ``host`` (wildcards → loopback)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host in ("::", "[::]"):
+        return "[::1]"
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]"
+    return host

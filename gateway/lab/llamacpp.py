@@ -94,6 +94,8 @@ from typing import Any
 
 import trio
 
+from . import client_host
+
 __all__ = [
     "DEFAULT_ALIAS",
     "LlamaServerURL",
@@ -147,17 +149,6 @@ class LlamaServerURL(str):
         self = super().__new__(cls, url)
         self.pid = pid
         return self
-
-
-def _client_host(host: str) -> str:
-    """Where to connect to a server bound on ``host`` (wildcards → loopback)."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host in ("::", "[::]"):
-        return "[::1]"
-    if ":" in host and not host.startswith("["):
-        return f"[{host}]"
-    return host
 
 
 async def _read_ready_line(stream: trio.abc.ReceiveStream, proc: trio.Process) -> str:
@@ -267,7 +258,7 @@ async def run_llama_server(
         with trio.fail_after(startup_timeout):
             listening = await _read_ready_line(proc.stdout, proc)
             url_port = listening.rsplit(":", 1)[1].rstrip("/")
-            base_url = LlamaServerURL(f"http://{_client_host(host)}:{url_port}", pid=proc.pid)
+            base_url = LlamaServerURL(f"http://{client_host(host)}:{url_port}", pid=proc.pid)
             await _wait_healthy(base_url, proc)
         task_status.started(base_url)
         rc = await proc.wait()

@@ -79,6 +79,8 @@ import h11
 import orjson
 import trio
 
+from . import client_host
+
 __all__ = [
     "FAILURE_KINDS",
     "SimConfig",
@@ -573,17 +575,6 @@ def _error_body(
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def _client_host(host: str) -> str:
-    """Where to connect to a server bound on ``host`` (wildcards → loopback)."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host in ("::", "[::]"):
-        return "[::1]"
-    if ":" in host and not host.startswith("["):
-        return f"[{host}]"
-    return host
-
-
 @dataclass(slots=True)
 class _Request:
     method: str
@@ -735,7 +726,7 @@ class Simulator:
         timers = _Timers()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(timers.run)
-            task_status.started(f"http://{_client_host(host)}:{bound_port}")
+            task_status.started(f"http://{client_host(host)}:{bound_port}")
             await trio.serve_listeners(functools.partial(self._run_connection, timers), listeners)
 
     async def wait_stats(self, predicate: Callable[[SimStats], bool]) -> None:

@@ -340,8 +340,7 @@ class ResponseTranslator:
         else:
             item["error"] = error
             events.append(self._event("response.mcp_list_tools.failed", **common))
-        self._slots[index] = item
-        events.append(self._event("response.output_item.done", output_index=index, item=dict(item)))
+        self._item_done(index, item, events)
         return events
 
     def record_mcp_call(
@@ -406,8 +405,7 @@ class ResponseTranslator:
         item.update(output=output, error=error, status="failed" if failed else "completed")
         kind = "response.mcp_call.failed" if failed else "response.mcp_call.completed"
         events = [self._event(kind, item_id=item_id, output_index=index)]
-        self._slots[index] = item
-        events.append(self._event("response.output_item.done", output_index=index, item=dict(item)))
+        self._item_done(index, item, events)
         return events
 
     def _fail_pending_mcp(self, message: str, events: list[Event]) -> None:
@@ -437,6 +435,11 @@ class ResponseTranslator:
         snapshot = dict(self.response)
         snapshot["output"] = list(snapshot.get("output") or ())
         return snapshot
+
+    def _item_done(self, index: int, item: dict[str, Any], events: list[Event]) -> None:
+        """The item is final: it takes its output slot and `output_item.done` carries a copy."""
+        self._slots[index] = item
+        events.append(self._event("response.output_item.done", output_index=index, item=_copy_item(item)))
 
     def _new_slot(self) -> int:
         self._slots.append(None)
@@ -495,8 +498,7 @@ class ResponseTranslator:
         done: dict[str, Any] = {"id": item.id, "type": "reasoning", "summary": [], "content": [part]}
         if self._seal_reasoning is not None:
             done["encrypted_content"] = self._seal_reasoning(text)
-        self._slots[item.index] = done
-        events.append(self._event("response.output_item.done", output_index=item.index, item=_copy_item(done)))
+        self._item_done(item.index, done, events)
 
     # message text and refusal -------------------------------------------
 
@@ -585,8 +587,7 @@ class ResponseTranslator:
             "role": "assistant",
             "content": message.parts,
         }
-        self._slots[message.index] = done
-        events.append(self._event("response.output_item.done", output_index=message.index, item=_copy_item(done)))
+        self._item_done(message.index, done, events)
 
     # tool calls ---------------------------------------------------------
 
@@ -730,8 +731,7 @@ class ResponseTranslator:
             }
             if call.namespace is not None:
                 done["namespace"] = call.namespace
-            self._slots[call.index] = done
-            events.append(self._event("response.output_item.done", output_index=call.index, item=dict(done)))
+            self._item_done(call.index, done, events)
             return
         if call.approval:
             done = {
@@ -741,8 +741,7 @@ class ResponseTranslator:
                 "name": call.name,
                 "arguments": arguments,
             }
-            self._slots[call.index] = done
-            events.append(self._event("response.output_item.done", output_index=call.index, item=dict(done)))
+            self._item_done(call.index, done, events)
             return
         if call.server is not None:
             # Arguments are complete; the item stays open until the tool answers.
@@ -780,8 +779,7 @@ class ResponseTranslator:
         }
         if call.namespace is not None:
             done["namespace"] = call.namespace
-        self._slots[call.index] = done
-        events.append(self._event("response.output_item.done", output_index=call.index, item=dict(done)))
+        self._item_done(call.index, done, events)
 
     def _close_all(self, status: str, events: list[Event]) -> None:
         """Close whatever is open, in output order."""
