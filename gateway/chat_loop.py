@@ -22,12 +22,12 @@ import orjson
 import trio
 
 from .backend import ChatBackend
-from .errors import GatewayError, InternalError
+from .errors import BackendStreamError, GatewayError, InternalError, error_fields
 from .streams.chunks import DONE, ChunkDecoder
-from .streams.relay import DeferredHeadBody, SSE_HEADERS
-from .streams.sse import encode_comment, encode_done
+from .streams.relay import SSE_HEADERS, EventChannelBody
+from .streams.sse import encode_done
 from .streams.toolloop import ToolLoop, ToolOutcome, next_round_body
-from .streams.translator import RoundCall, _sum_usage
+from .streams.translator import RoundCall, sum_usage
 
 __all__ = ["ChatLoopStream", "RoundFilter", "run_chat_loop"]
 
@@ -126,8 +126,6 @@ async def _stream_round(
 
 
 def _stream_error(chunk: dict[str, Any]) -> GatewayError:
-    from .errors import BackendStreamError, error_fields
-
     message, _type, code, _param = error_fields(chunk)
     return BackendStreamError(message or "the backend reported an error", code=code)
 
@@ -142,7 +140,7 @@ async def _rounds(
     while True:
         flt = RoundFilter(gateway_tools, client_calls)
         await _stream_round(backend, body, flt, emit)
-        usage = _sum_usage(usage, flt.usage)
+        usage = sum_usage(usage, flt.usage)
         client_calls += flt.client_calls
         calls = flt.gateway_calls()
         loop.rounds += 1
@@ -159,21 +157,19 @@ async def _rounds(
         body = next_round_body(body, "".join(flt.text), calls, results)
 
 
-class ChatLoopStream(DeferredHeadBody):
+class ChatLoopStream(EventChannelBody):
     """Streamed chat completion with the tool loop; owns its nursery like ResponseEventStream."""
 
     def __init__(
         self, *, backend: ChatBackend, body: dict[str, Any], loop: ToolLoop, gateway_tools: set[str], heartbeat_interval: float
     ) -> None:
+        super().__init__(heartbeat_interval)
         self._backend = backend
         self._body = body
         self._loop = loop
         self._gateway_tools = gateway_tools
-        self._interval = heartbeat_interval
         self._nursery_cm: Any = None
-        self._out_recv: trio.MemoryReceiveChannel[bytes] | None = None
-        self._last_write = 0.0
-        self._scopes = (trio.CancelScope(), trio.CancelScope())
+        self._loop_scope = trio.CancelScope()
 
     async def __aenter__(self) -> ChatLoopStream:
         self._last_write = trio.current_time()
@@ -187,29 +183,11 @@ class ChatLoopStream(DeferredHeadBody):
     async def head(self) -> tuple[int, dict[str, str]]:
         return 200, dict(SSE_HEADERS)
 
-    def __aiter__(self) -> ChatLoopStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        assert self._out_recv is not None
-        try:
-            data = await self._out_recv.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
-        parts = [data]
-        while True:
-            try:
-                parts.append(self._out_recv.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-        self._last_write = trio.current_time()
-        return b"".join(parts)
-
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        for scope in self._scopes:
-            scope.cancel()
+        self._loop_scope.cancel()
+        self._heartbeat_scope.cancel()
         try:
             await self._nursery_cm.__aexit__(exc_type, exc, tb)
         finally:
@@ -218,7 +196,7 @@ class ChatLoopStream(DeferredHeadBody):
 
     async def _run_loop(self, send: trio.MemorySendChannel[bytes]) -> None:
         async with send:
-            with self._scopes[0]:
+            with self._loop_scope:
                 last: dict[str, Any] = {}
 
                 async def emit(chunk: dict[str, Any]) -> None:
@@ -238,20 +216,8 @@ class ChatLoopStream(DeferredHeadBody):
                     log.debug("chat tool loop failed", exc_info=True)
                     await send.send(b"data: " + orjson.dumps({"error": InternalError("the tool loop failed").payload()}) + b"\n\n")
                 finally:
-                    self._scopes[1].cancel()
+                    self._heartbeat_scope.cancel()
                 await send.send(encode_done())
-
-    async def _run_heartbeat(self, send: trio.MemorySendChannel[bytes]) -> None:
-        comment = encode_comment()
-        async with send:
-            with self._scopes[1]:
-                while True:
-                    deadline = self._last_write + self._interval
-                    if trio.current_time() >= deadline:
-                        await send.send(comment)
-                        self._last_write = trio.current_time()
-                        continue
-                    await trio.sleep_until(deadline)
 
 
 def _client_finish(flt: RoundFilter, loop: ToolLoop) -> str:

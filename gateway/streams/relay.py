@@ -34,7 +34,7 @@ from .sse import encode_comment, encode_done, encode_event
 from .toolloop import ToolLoop, ToolOutcome, next_round_body
 from .translator import ResponseTranslator, RoundCall
 
-__all__ = ["SSE_HEADERS", "DeferredHeadBody", "ResponseEventStream", "StreamOutcome", "collect_response", "fail_with"]
+__all__ = ["SSE_HEADERS", "DeferredHeadBody", "EventChannelBody", "ResponseEventStream", "StreamOutcome", "collect_response", "fail_with"]
 
 log = logging.getLogger("gateway.relay")
 
@@ -79,7 +79,57 @@ class DeferredHeadBody(ResponseBody):
         raise NotImplementedError
 
 
-class ResponseEventStream(DeferredHeadBody):
+class EventChannelBody(DeferredHeadBody):
+    """A streamed body fed by a memory channel of encoded bytes, with a heartbeat.
+
+    Writes coalesce what is already queued; the heartbeat sends an SSE
+    comment after `interval` seconds without a write.  Subclasses own the
+    nursery and the producers.
+    """
+
+    def __init__(self, heartbeat_interval: float) -> None:
+        self._interval = heartbeat_interval
+        self._out_recv: trio.MemoryReceiveChannel[bytes] | None = None
+        self._last_write = 0.0
+        self._heartbeat_scope = trio.CancelScope()
+
+    def __aiter__(self) -> EventChannelBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._next_write()
+
+    async def _next_write(self) -> bytes:
+        """Everything queued, as one write; StopAsyncIteration when the producers are done."""
+        assert self._out_recv is not None
+        try:
+            first = await self._out_recv.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        parts = [first]
+        receive_nowait = self._out_recv.receive_nowait
+        while True:
+            try:
+                parts.append(receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        self._last_write = trio.current_time()
+        return first if len(parts) == 1 else b"".join(parts)
+
+    async def _run_heartbeat(self, out_send: trio.MemorySendChannel[bytes]) -> None:
+        comment = encode_comment()
+        async with out_send:
+            with self._heartbeat_scope:
+                while True:
+                    deadline = self._last_write + self._interval
+                    if trio.current_time() >= deadline:
+                        await out_send.send(comment)
+                        self._last_write = trio.current_time()
+                        continue
+                    await trio.sleep_until(deadline)
+
+
+class ResponseEventStream(EventChannelBody):
     """A streamed `/v1/responses` body; see the module docstring."""
 
     def __init__(
@@ -101,6 +151,7 @@ class ResponseEventStream(DeferredHeadBody):
         `setup` runs first, with resources (hosted MCP sessions) entered into
         an exit stack this body owns; it returns the opening events and,
         possibly, the tool loop."""
+        super().__init__(heartbeat_interval)
         self._loop = loop
         self._setup = setup
         self._stack = contextlib.AsyncExitStack()
@@ -110,20 +161,16 @@ class ResponseEventStream(DeferredHeadBody):
         self._log: list[dict[str, Any]] | None = [] if on_terminal is not None else None
         self._body = body
         self._translator = translator
-        self._interval = heartbeat_interval
         self._on_close = on_close
         self.outcome = StreamOutcome()
         self._nursery_cm: Any = None
-        self._out_recv: trio.MemoryReceiveChannel[bytes] | None = None
         # One scope per sibling: cancelling the nursery's own scope would also
         # cancel Quart's send loop, which runs inside it.
         self._upstream_scope = trio.CancelScope()
-        self._heartbeat_scope = trio.CancelScope()
         self._translator_scope = trio.CancelScope()
         self._upstream_answered = trio.Event()
         self._upstream_error: GatewayError | None = None
         self._json_error: bytes | None = None
-        self._last_write = 0.0
 
     # --- ResponseBody protocol ------------------------------------------------
 
@@ -184,33 +231,16 @@ class ResponseEventStream(DeferredHeadBody):
             return error.status, dict(_JSON_HEADERS)
         return 200, dict(SSE_HEADERS)
 
-    def __aiter__(self) -> ResponseEventStream:
-        return self
-
     async def __anext__(self) -> bytes:
         if self._json_error is not None:
             data, self._json_error = self._json_error, b""
             if not data:
                 raise StopAsyncIteration
             return data
-        assert self._out_recv is not None
-        try:
-            first = await self._out_recv.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
-        # Coalesce whatever else is already queued into one write.
-        parts = [first]
-        receive_nowait = self._out_recv.receive_nowait
-        while True:
-            try:
-                parts.append(receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-        now = trio.current_time()
-        self._last_write = now
+        data = await self._next_write()
         if self.outcome.first_byte_at is None:
-            self.outcome.first_byte_at = now
-        return first if len(parts) == 1 else b"".join(parts)
+            self.outcome.first_byte_at = self._last_write
+        return data
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -380,18 +410,6 @@ class ResponseEventStream(DeferredHeadBody):
             log.warning("storing response %s failed", translator.response.get("id"))
             log.debug("store failure", exc_info=True)
         await _send_soon(out_send, _encode(events[-1:]))
-
-    async def _run_heartbeat(self, out_send: trio.MemorySendChannel[bytes]) -> None:
-        comment = encode_comment()
-        async with out_send:
-            with self._heartbeat_scope:
-                while True:
-                    deadline = self._last_write + self._interval
-                    if trio.current_time() >= deadline:
-                        await out_send.send(comment)
-                        self._last_write = trio.current_time()
-                        continue
-                    await trio.sleep_until(deadline)
 
 
 async def _send_soon(channel: trio.MemorySendChannel[Any], value: Any) -> None:

@@ -33,7 +33,7 @@ import orjson
 
 from ..errors import error_fields
 
-__all__ = ["ResponseTranslator", "RoundCall", "random_id", "usage_from_chat"]
+__all__ = ["ResponseTranslator", "RoundCall", "random_id", "sum_usage", "usage_from_chat"]
 
 Event = dict[str, Any]
 
@@ -58,7 +58,7 @@ class RoundCall:
     approval: bool = False  # an mcp_approval_request: not run until the client approves it
 
 
-def _sum_usage(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def sum_usage(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Chat usage objects added together (token counts and their details)."""
     if not isinstance(a, Mapping):
         return dict(b) if isinstance(b, Mapping) else None
@@ -68,7 +68,7 @@ def _sum_usage(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> dict
     for key in set(a) | set(b):
         x, y = a.get(key), b.get(key)
         if isinstance(x, Mapping) or isinstance(y, Mapping):
-            out[key] = _sum_usage(x if isinstance(x, Mapping) else None, y if isinstance(y, Mapping) else None)
+            out[key] = sum_usage(x if isinstance(x, Mapping) else None, y if isinstance(y, Mapping) else None)
         elif isinstance(x, int) or isinstance(y, int):
             out[key] = _int(x) + _int(y)
     return out
@@ -413,11 +413,11 @@ class ResponseTranslator:
             events += self.complete_mcp_call(item_id, error=message)
 
     def _add_round_usage(self) -> None:
-        self._usage_total = _sum_usage(self._usage_total, self._usage)
+        self._usage_total = sum_usage(self._usage_total, self._usage)
         self._usage = None
 
     def _total_usage(self) -> Mapping[str, Any] | None:
-        total = _sum_usage(self._usage_total, self._usage)
+        total = sum_usage(self._usage_total, self._usage)
         if total is not None:
             return total
         output = -(-self._output_chars // 4)  # about four characters a token
