@@ -35,7 +35,16 @@ from .streams.relay import DeferredHeadBody, ResponseEventStream, StreamOutcome,
 from .streams.sse import encode_done, encode_event
 from .streams.toolloop import ToolLoop
 from .streams.translator import ResponseTranslator, random_id
-from .toolbox import RequestTools, ToolSource, hosted_specs, listed_tool, open_hosted, request_tools, resume_approvals
+from .toolbox import (
+    RequestTools,
+    ToolSource,
+    gateway_tools_enabled,
+    hosted_specs,
+    listed_tool,
+    open_hosted,
+    request_tools,
+    resume_approvals,
+)
 from .translate import TranslateOptions, plan_chat_request
 from .wire import parse_create_request
 
@@ -200,7 +209,7 @@ def create_app(
             reasoning_events=settings.reasoning_events,
             allowed_tools=plan.allowed_tools,
             gateway_tools=gateway_tools,
-            input_tokens_estimate=len(orjson.dumps(plan.body["messages"])) // 4,
+            input_tokens_estimate=lambda: len(orjson.dumps(plan.body["messages"])) // 4,
             tool_kinds=plan.tool_kinds,
             seal_reasoning=(lambda text: sealer.seal("reasoning", {"text": text}))
             if "reasoning.encrypted_content" in (req.include or ())
@@ -370,7 +379,7 @@ def create_app(
         plan = plan_chat_request(
             req, response_id=response_id, created_at=int(clock()), options=options, history=prepared.history, items=prepared.input
         )
-        offered, loop = _offer_configured_tools(plan, (req.model_extra or {}).get("gateway_tools", True) is not False)
+        offered, loop = _offer_configured_tools(plan, gateway_tools_enabled((req.model_extra or {}).get("gateway_tools")))
         translator = _translator(req, plan, offered.routes if loop is not None else None)
         events: list[dict[str, Any]] = []
         send, receive = trio.open_memory_channel[list[dict[str, Any]]](math.inf)
@@ -522,9 +531,7 @@ def create_app(
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             raise InvalidRequest("Missing required parameter: 'messages'.", param="messages", code="missing_required_parameter")
         own = [t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)]
-        enabled = body.pop("gateway_tools", True) not in (False, "none") and request.headers.get(
-            "x-gateway-tools", ""
-        ).lower() not in ("none", "off", "false")
+        enabled = gateway_tools_enabled(body.pop("gateway_tools", True), request.headers.get("x-gateway-tools", ""))
         offered = request_tools(app.mcp, client_names=[n for n in own if n], enabled=enabled)
         if not offered.routes or body.get("tool_choice") == "none":
             passthrough = web.PassthroughBody(
@@ -563,11 +570,7 @@ def create_app(
 
 
 def _gateway_tools_enabled(req: Any) -> bool:
-    """A request opts out of the gateway's MCP tools by body field or header."""
-    flag = (req.model_extra or {}).get("gateway_tools")
-    if flag is False or flag == "none":
-        return False
-    return request.headers.get("x-gateway-tools", "").lower() not in ("none", "off", "false")
+    return gateway_tools_enabled((req.model_extra or {}).get("gateway_tools"), request.headers.get("x-gateway-tools", ""))
 
 
 _COMPACT_PROMPT = (

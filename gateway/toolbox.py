@@ -21,7 +21,7 @@ from .errors import InvalidRequest
 from .streams.toolloop import ToolOutcome
 from .streams.translator import RoundCall
 
-__all__ = ["HostedListing", "HostedSpec", "RequestTools", "ToolSource", "hosted_specs", "listed_tool", "open_hosted", "request_tools", "resume_approvals"]
+__all__ = ["HostedListing", "HostedSpec", "RequestTools", "ToolSource", "hosted_specs", "listed_tool", "open_hosted", "gateway_tools_enabled", "request_tools", "resume_approvals"]
 
 
 class ToolSource(Protocol):
@@ -66,6 +66,11 @@ class RequestTools:
         if result.is_error:
             return ToolOutcome(error=result.text or "the tool failed")
         return ToolOutcome(output=result.text)
+
+
+def gateway_tools_enabled(flag: Any, header: str = "") -> bool:
+    """Whether a request accepts the gateway's tools: `"gateway_tools": false|"none"` or `x-gateway-tools: none` opt out."""
+    return flag not in (False, "none") and header.lower() not in ("none", "off", "false")
 
 
 def request_tools(source: ToolSource | None, *, client_names: Iterable[str], enabled: bool) -> RequestTools:

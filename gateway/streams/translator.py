@@ -161,7 +161,7 @@ class ResponseTranslator:
         reasoning_events: Literal["openai", "spec"] = "openai",
         allowed_tools: Iterable[str] | None = None,
         gateway_tools: Mapping[str, str] | None = None,
-        input_tokens_estimate: int = 0,
+        input_tokens_estimate: int | Callable[[], int] = 0,
         tool_kinds: Mapping[str, Any] | None = None,
         seal_reasoning: Callable[[str], str] | None = None,
     ) -> None:
@@ -421,7 +421,9 @@ class ResponseTranslator:
         if total is not None:
             return total
         output = -(-self._output_chars // 4)  # about four characters a token
-        return {"prompt_tokens": self._input_estimate, "completion_tokens": output, "total_tokens": self._input_estimate + output}
+        estimate = self._input_estimate
+        prompt = estimate() if callable(estimate) else estimate  # only now: most backends report usage
+        return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}
 
     # ------------------------------------------------------------ internals
 
