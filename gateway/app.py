@@ -529,7 +529,7 @@ def create_app(
         except orjson.JSONDecodeError:
             raise InvalidRequest("the request body is not valid JSON", code="invalid_json") from None
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            raise InvalidRequest("Missing required parameter: 'messages'.", param="messages", code="missing_required_parameter")
+            raise InvalidRequest.missing("messages")
         own = [t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)]
         enabled = gateway_tools_enabled(body.pop("gateway_tools", True), request.headers.get("x-gateway-tools", ""))
         offered = request_tools(app.mcp, client_names=[n for n in own if n], enabled=enabled)

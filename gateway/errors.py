@@ -68,6 +68,11 @@ class InvalidRequest(GatewayError):
     type = "invalid_request_error"
     code = "invalid_request"
 
+    @classmethod
+    def missing(cls, param: str) -> InvalidRequest:
+        """A required parameter is absent (or empty)."""
+        return cls(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+
 
 class RequestTooLarge(InvalidRequest):
     status = 413

@@ -128,11 +128,7 @@ def hosted_specs(tools: list[dict[str, Any]] | None) -> list[HostedSpec]:
             continue
         label = tool.get("server_label")
         if not isinstance(label, str) or not label:
-            raise InvalidRequest(
-                f"Missing required parameter: 'tools[{index}].server_label'.",
-                param=f"tools[{index}].server_label",
-                code="missing_required_parameter",
-            )
+            raise InvalidRequest.missing(f"tools[{index}].server_label")
         url = tool.get("server_url")
         if url is not None and not isinstance(url, str):
             raise InvalidRequest("'server_url' must be a string.", param=f"tools[{index}].server_url", code="invalid_type")

@@ -95,7 +95,7 @@ def plan_chat_request(
             item type that needs stored state, ...).
     """
     if not req.model:
-        raise InvalidRequest("Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
+        raise InvalidRequest.missing("model")
 
     if history or items is not None:
         source: Any = list(items) if items is not None else req.input
@@ -483,11 +483,7 @@ def _tools(
             spec = tool  # the Responses shape; the chat shape nests under "function"
         name = spec.get("name")
         if not isinstance(name, str) or not name:
-            raise InvalidRequest(
-                f"Missing required parameter: 'tools[{index}].name'.",
-                param=f"tools[{index}].name",
-                code="missing_required_parameter",
-            )
+            raise InvalidRequest.missing(f"tools[{index}].name")
         parameters = spec.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise InvalidRequest(
@@ -540,9 +536,7 @@ def _tool_choice(
     if kind == "function":
         name = choice.get("name")
         if not isinstance(name, str) or not name:
-            raise InvalidRequest(
-                "Missing required parameter: 'tool_choice.name'.", param="tool_choice.name", code="missing_required_parameter"
-            )
+            raise InvalidRequest.missing("tool_choice.name")
         if name not in names:
             raise InvalidRequest(
                 f"Tool choice '{name}' not found in 'tools' parameter.", param="tool_choice", code="invalid_value"
@@ -593,11 +587,7 @@ def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
     if kind == "json_schema":
         schema = fmt.get("schema")
         if not isinstance(schema, dict):
-            raise InvalidRequest(
-                "Missing required parameter: 'text.format.schema'.",
-                param="text.format.schema",
-                code="missing_required_parameter",
-            )
+            raise InvalidRequest.missing("text.format.schema")
         json_schema: dict[str, Any] = {"name": fmt.get("name") or "response", "schema": schema}
         if isinstance(fmt.get("strict"), bool):
             json_schema["strict"] = fmt["strict"]

@@ -248,9 +248,8 @@ def invalid_request_from_pydantic(exc: ValidationError) -> InvalidRequest:
     param = _param_name(err["loc"])
     kind = err["type"]
     if kind == "missing":
-        message = f"Missing required parameter: '{param}'."
-        code = "missing_required_parameter"
-    elif kind in ("extra_forbidden",):
+        return InvalidRequest.missing(param)
+    if kind in ("extra_forbidden",):
         message = f"Unknown parameter: '{param}'."
         code = "unknown_parameter"
     else:
