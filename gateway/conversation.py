@@ -54,6 +54,7 @@ async def prepare(store: ResponseStore | None, req: CreateResponseRequest, ids: 
         history = await _chain(store, req.previous_response_id)
     records = input_item_records(req.input, ids)
     resolved: list[dict[str, Any]] = []
+    wire: list[Any] = []
     for index, (item, record) in enumerate(zip(_as_list(req.input), records)):
         if isinstance(item, ItemReference):
             found = await store.find_item(item.id) if store is not None else None
@@ -62,9 +63,12 @@ async def prepare(store: ResponseStore | None, req: CreateResponseRequest, ids: 
                     f"Item with id '{item.id}' not found.", param=f"input[{index}].id", code="item_not_found"
                 )
             resolved.append(found)
+            wire += to_wire([found])
         else:
             resolved.append(record)
-    return Prepared(history=to_wire(history), input=to_wire(resolved), input_records=resolved)
+            # The request's own items are wire items already; only a string input needs building.
+            wire += to_wire([record]) if item is None else [item]
+    return Prepared(history=to_wire(history), input=wire, input_records=resolved)
 
 
 async def _chain(store: ResponseStore | None, response_id: str) -> list[dict[str, Any]]:
