@@ -31,8 +31,16 @@ from .config import Settings
 from .errors import GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
 from .sealing import Sealer
 from .store import ResponseStore, open_store
-from .streams.relay import DeferredHeadBody, ResponseEventStream, StreamOutcome, collect_response, fail_with
-from .streams.sse import encode_done, encode_event
+from .store.base import save_retrying
+from .streams.relay import (
+    DeferredHeadBody,
+    ResponseEventStream,
+    StreamOutcome,
+    collect_response,
+    fail_with,
+    store_before_terminal,
+)
+from .streams.sse import encode_done, encode_event, event_json
 from .streams.toolloop import ToolLoop
 from .streams.translator import ResponseTranslator, random_id
 from .toolbox import (
@@ -46,7 +54,7 @@ from .toolbox import (
     resume_approvals,
 )
 from .translate import TranslateOptions, plan_chat_request
-from .wire import parse_create_request
+from .wire import decode_json_object, parse_create_request
 
 __all__ = ["GatewayApp", "create_app"]
 
@@ -126,7 +134,14 @@ def create_app(
         if store is None:
             owned_store = open_store(settings)
             app.store = owned_store
-        app.runner = BackgroundRunner(app.store, app.backend)
+            await _warn_if_not_durable(owned_store)
+        app.runner = BackgroundRunner(
+            app.store,
+            app.backend,
+            clock=clock,
+            retry_seconds=settings.store_retry_seconds,
+            lease_seconds=settings.background_lease_seconds,
+        )
         await app.nursery.start(app.runner.run)
         if mcp is not None:
             app.mcp = mcp
@@ -134,7 +149,9 @@ def create_app(
             from .mcp import MCPManager, load_mcp_config
 
             manager = MCPManager(
-                load_mcp_config(settings.mcp_servers_config_path), refresh_interval=settings.mcp_tool_refresh_interval
+                load_mcp_config(settings.mcp_servers_config_path),
+                refresh_interval=settings.mcp_tool_refresh_interval,
+                init_timeout=settings.mcp_connect_timeout,
             )
             # Servers connect in the background: a slow or broken one blocks nothing.
             await app.nursery.start(manager.run)
@@ -255,7 +272,8 @@ def create_app(
         offered, loop = _offer_configured_tools(plan, _gateway_tools_enabled(req), offer=not specs)
 
         async def _persist(events: list[dict[str, Any]]) -> None:
-            await app.store.save(conversation.record_for(req, prepared, dict(translator.response), events))
+            record = conversation.record_for(req, prepared, dict(translator.response), events)
+            await save_retrying(app.store, record, within=settings.store_retry_seconds)
 
         setup = None
         if specs:
@@ -265,7 +283,9 @@ def create_app(
 
             async def setup(stack: Any) -> tuple[list[dict[str, Any]], ToolLoop | None]:
                 tools = RequestTools()
-                listings = await open_hosted(stack, specs, app.mcp, allow, tools)
+                listings = await open_hosted(
+                    stack, specs, app.mcp, allow, tools, connect_timeout=settings.mcp_connect_timeout
+                )
                 configured = request_tools(
                     app.mcp, client_names=client_names | set(tools.routes), enabled=configured_enabled
                 )
@@ -325,7 +345,11 @@ def create_app(
             _log_request(response_id, model, "failed", error.status, started, None)
             raise
         if keep:
-            await _persist(events)
+            try:
+                await _persist(events)
+            except GatewayError as error:
+                _log_request(response_id, model, "failed", error.status, started, None)
+                raise
         _log_request(response_id, model, final["status"], 200, started, None)
         return _json(orjson.dumps(final))
 
@@ -348,11 +372,11 @@ def create_app(
     async def _ws_turn(raw: bytes, latest: dict[str, Any]) -> bool:
         """One `response.create`; False when the connection should end."""
         try:
-            message = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            await _ws_send([web.ws_error(400, "invalid_json", "The message is not valid JSON.")])
+            message = decode_json_object(raw)
+        except GatewayError as error:
+            await _ws_send([web.ws_error(error.status, error.code or "invalid_json", error.message, param=error.param)])
             return True
-        if not isinstance(message, dict) or message.get("type") != "response.create":
+        if message.get("type") != "response.create":
             await _ws_send([web.ws_error(400, "invalid_event_type", "Send response.create events.", param="type")])
             return True
         for field_name in ("stream", "stream_options", "background"):
@@ -382,7 +406,13 @@ def create_app(
         offered, loop = _offer_configured_tools(plan, gateway_tools_enabled((req.model_extra or {}).get("gateway_tools")))
         translator = _translator(req, plan, offered.routes if loop is not None else None)
         events: list[dict[str, Any]] = []
+        held: list[dict[str, Any]] = []  # the terminal event, sent once the response is stored
         send, receive = trio.open_memory_channel[list[dict[str, Any]]](math.inf)
+
+        def hold_terminal(batch: list[dict[str, Any]]) -> None:
+            if batch and translator.done:
+                batch, held[:] = batch[:-1], batch[-1:]
+            publish(batch)
 
         def publish(batch: list[dict[str, Any]]) -> None:
             events.extend(batch)
@@ -397,23 +427,34 @@ def create_app(
             nursery.start_soon(forward)
             async with send:
                 try:
-                    await collect_response(app.backend, plan.body, translator, on_events=publish, loop=loop)
+                    await collect_response(app.backend, plan.body, translator, on_events=hold_terminal, loop=loop)
                 except GatewayError as error:
                     if not translator.done:
-                        publish(fail_with(translator, error))
+                        hold_terminal(fail_with(translator, error))
+                except Exception:
+                    log.debug("WebSocket turn failed", exc_info=True)
+                    if not translator.done:
+                        hold_terminal(fail_with(translator, InternalError("The gateway failed to process the response.")))
+                tail = held
+                if req.store is not False:
+
+                    async def _store() -> None:
+                        record = conversation.record_for(req, prepared, dict(translator.response), [*events, *held])
+                        await save_retrying(app.store, record, within=settings.store_retry_seconds)
+
+                    tail = await store_before_terminal(translator, held, _store)
+                publish(tail)
         final = translator.response
         if final.get("status") == "failed" and previous:
             latest.pop(previous, None)
         history_items = [i.model_dump(exclude_none=True) for i in prepared.history]
         latest.clear()  # only the latest response is kept on the connection
         latest[response_id] = conversation.to_wire([*history_items, *prepared.input_records, *(final.get("output") or ())])
-        if req.store is not False:
-            await app.store.save(conversation.record_for(req, prepared, dict(final), events))
         return True
 
     async def _ws_send(events: list[dict[str, Any]]) -> None:
         for event in events:
-            await websocket.send(orjson.dumps(event).decode())
+            await websocket.send(event_json(event).decode())
 
     @app.post("/v1/responses/compact")
     @app.post("/responses/compact")
@@ -466,7 +507,7 @@ def create_app(
     # --- stored responses -----------------------------------------------------
 
     async def _stored(response_id: str) -> Any:
-        record = await app.store.load(response_id)
+        record = await app.runner.load(response_id)
         if record is None:
             raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="response_not_found")
         return record
@@ -483,7 +524,7 @@ def create_app(
         if not streaming:
             return _json(orjson.dumps(record.response))
         if record.response.get("status") in ("queued", "in_progress"):
-            return web.event_stream(web.follow_store(app.store, response_id, after))  # running on another instance
+            return web.event_stream(web.follow_store(app.runner.load, response_id, after))  # running on another instance
         body = b"".join(encode_event(e) for e in record.events if e.get("sequence_number", 0) > after)
         return web.event_stream(web.once(body + encode_done()))
 
@@ -503,8 +544,7 @@ def create_app(
             )
         if record.response.get("status") in ("queued", "in_progress"):
             # Running on another instance: it sees this within a second and stops.
-            record.response["status"] = "cancelled"
-            await app.store.save(record)
+            record = await app.runner.cancel_stored(response_id) or record
         return _json(orjson.dumps(record.response))
 
     @app.delete("/v1/responses/<response_id>")
@@ -523,12 +563,8 @@ def create_app(
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def _chat_completions() -> Response:
-        raw = await web.body_bytes()
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise InvalidRequest("the request body is not valid JSON", code="invalid_json") from None
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        body = decode_json_object(await web.body_bytes())
+        if not isinstance(body.get("messages"), list):
             raise InvalidRequest.missing("messages")
         own = [t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)]
         enabled = gateway_tools_enabled(body.pop("gateway_tools", True), request.headers.get("x-gateway-tools", ""))
@@ -557,7 +593,7 @@ def create_app(
         body = web.PassthroughBody(
             app.backend,
             request.method,
-            path,
+            web.passthrough_path(path),
             request.query_string,
             dict(request.headers),
             await web.body_bytes(),
@@ -567,6 +603,18 @@ def create_app(
         return response
 
     return app
+
+
+async def _warn_if_not_durable(store: ResponseStore) -> None:
+    check = getattr(store, "durability_warning", None)
+    if check is None:
+        return
+    try:
+        warning = await check()
+    except GatewayError:
+        warning = "could not reach the store at start-up to check that it keeps what it acknowledges"
+    if warning:
+        log.warning("%s", warning)
 
 
 def _gateway_tools_enabled(req: Any) -> bool:

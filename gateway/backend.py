@@ -1,4 +1,4 @@
-"""Backends: turn a chat request into a stream of chunk bytes.
+"""Backends: turn a chat request into a stream of decoded chunks.
 
 A backend adapter owns how the model server is reached: URL layout, auth,
 timeouts, connection limits, and the conversion of transport failures into
@@ -18,7 +18,8 @@ import orjson
 import trio
 
 from .config import Settings
-from .errors import BackendStatusError, backend_error_from, map_backend_errors
+from .errors import BackendStatusError, BackendTimeout, GatewayError, backend_error_from, map_backend_errors
+from .streams.chunks import ChunkDecoder
 
 __all__ = ["ChatBackend", "ChatStream", "OpenAICompatibleBackend", "passthrough_response_headers"]
 
@@ -35,21 +36,99 @@ _DROP_RESPONSE_HEADERS = frozenset(
 
 
 class ChatStream:
-    """The body of a successful streaming chat response, as raw byte chunks."""
+    """A successful streaming chat completion, as batches of decoded chunks.
 
-    def __init__(self, response: httpx2.Response) -> None:
+    Each batch holds the chunks one network read completed (decoded JSON
+    values, not yet judged: the translator decides what a chunk may be),
+    ending with `DONE` when the backend sent `[DONE]`.  Iteration stops after
+    `[DONE]` (the rest of the body is read first, bounded, so the connection
+    can be reused) or when the backend closes the body; `saw_done` tells
+    which.
+
+    The read timeout counts data, not bytes: comments, keep-alives or a
+    trickle of bytes that completes no chunk do not extend it.
+
+    Raises (from iteration):
+        BackendTimeout: no chunk for `data_timeout` seconds.
+        BackendStreamError: the backend sent something that is not a chunk
+            (not JSON, or an oversized event), after the chunks before it.
+        BackendUnavailable: the connection was lost.
+    """
+
+    def __init__(self, response: httpx2.Response, *, data_timeout: float) -> None:
         self.status = response.status_code
         self._chunks = response.stream.__aiter__()  # type: ignore[union-attr]
+        self._decoder = ChunkDecoder()
+        self._timeout = data_timeout
+        self._deadline = trio.current_time() + data_timeout
+        self._pending_error: GatewayError | None = None
+        self._ended = False
+
+    @property
+    def saw_done(self) -> bool:
+        return self._decoder.saw_done
 
     def __aiter__(self) -> ChatStream:
         return self
 
-    async def __anext__(self) -> bytes:
-        # try/except rather than map_backend_errors(): this runs per chunk.
-        try:
-            return await self._chunks.__anext__()
-        except httpx2.TransportError as exc:
-            raise backend_error_from(exc) from exc
+    async def __anext__(self) -> list[Any]:
+        if self._pending_error is not None:
+            error, self._pending_error = self._pending_error, None
+            raise error
+        if self._ended:
+            raise StopAsyncIteration
+        decoder = self._decoder
+        if decoder.finished:
+            self._ended = True
+            if decoder.saw_done:
+                await self._drain()
+            raise StopAsyncIteration
+        with trio.move_on_at(self._deadline):
+            while True:
+                # try/except rather than map_backend_errors(): this runs per read.
+                try:
+                    data = await self._chunks.__anext__()
+                except StopAsyncIteration:
+                    self._ended = True
+                    batch = decoder.flush()
+                    if not batch:
+                        raise
+                    return self._deliver(batch)
+                except httpx2.TransportError as exc:
+                    raise backend_error_from(exc) from exc
+                batch = decoder.decode(data)
+                if batch:
+                    return self._deliver(batch)
+        raise BackendTimeout(f"the backend sent no data for {self._timeout:g} s")
+
+    def _deliver(self, batch: list[Any]) -> list[Any]:
+        self._deadline = trio.current_time() + self._timeout
+        last = batch[-1]
+        if isinstance(last, GatewayError):
+            # What came before the bad data is delivered first; the error next.
+            self._ended = True
+            if len(batch) == 1:
+                raise last
+            self._pending_error = last
+            return batch[:-1]
+        return batch
+
+    async def _drain(self) -> None:
+        """Read the body's end after `[DONE]` so the connection can be reused.
+
+        Usually the chunked terminator arrived with `[DONE]` and this returns
+        at once; if it must wait for the network, it gives up after a moment
+        and the connection is simply closed.
+        """
+        with trio.move_on_after(_DRAIN_GRACE):
+            try:
+                async for _ in self._chunks:
+                    pass
+            except httpx2.TransportError:
+                pass
+
+
+_DRAIN_GRACE = 0.05
 
 
 class ChatBackend(Protocol):
@@ -88,6 +167,7 @@ class OpenAICompatibleBackend:
             pool=None,  # waiting for a free connection is bounded by the limit, not a timer
         )
         self._timeout = timeout.as_dict()
+        self._data_timeout = settings.stream_timeout
         self._client = httpx2.AsyncClient(transport=self._transport, timeout=timeout, follow_redirects=False)
         self._v1 = settings.backend_v1
         self._chat_url = httpx2.URL(self._v1 + "/chat/completions")
@@ -128,7 +208,7 @@ class OpenAICompatibleBackend:
         async with self._send(lambda: self._chat_request(payload)) as response:
             if response.status_code >= 400:
                 raise BackendStatusError.from_body(response.status_code, await _read_bounded(response))
-            yield ChatStream(response)
+            yield ChatStream(response, data_timeout=self._data_timeout)
 
     def _chat_request(self, payload: bytes) -> httpx2.Request:
         return httpx2.Request(

@@ -8,38 +8,57 @@ that it was cancelled.  A job publishes its events to in-process followers
 about once a second while it runs (so other instances can follow and
 cancel it through the store), and when it ends.
 
+A running job holds a lease in its record (`lease_until`), renewed with
+each progress save.  A process that dies (SIGKILL, a crash, a lost machine)
+cannot say so; its jobs' leases run out instead.  At start-up, and whenever
+a client reads or follows such a record, an expired lease ends the response
+as `failed` with the terminal events its followers are waiting for.  Every
+change of a running record goes through the store's `update` (a
+compare-and-set): the first terminal status written wins.
+
 The runner knows the store and the backend interfaces, not HTTP.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from .backend import ChatBackend
-from .errors import GatewayError, InternalError
+from .errors import GatewayError, InternalError, StoreUnavailable
 from .store import ResponseStore, StoredResponse
-from .streams.relay import collect_response, fail_with
+from .store.base import save_retrying
+from .streams.relay import collect_response, fail_with, store_before_terminal
 from .streams.toolloop import ToolLoop
-from .streams.translator import ResponseTranslator
+from .streams.translator import ResponseTranslator, fail_recorded
 
-__all__ = ["BackgroundJob", "BackgroundRunner", "queued_snapshot"]
+__all__ = ["LEASE_SECONDS", "BackgroundJob", "BackgroundRunner", "queued_snapshot"]
 
 log = logging.getLogger("gateway.background")
 
 _SAVE_EVERY = 1.0  # seconds between progress saves of a running job
+LEASE_SECONDS = 15.0  # the default: a lease outlives many missed renewals before it is judged lost
 TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
+_LOST = "The gateway instance running this background response stopped before it finished."
 
 
 class BackgroundJob:
-    """One running background response and its event log."""
+    """One running background response and its event log.
+
+    The terminal event is held back until the record that carries it is
+    stored (`held`), so that no follower hears `response.completed` for a
+    response the store does not have.
+    """
 
     def __init__(self, record: StoredResponse, translator: ResponseTranslator) -> None:
         self.record = record
         self.translator = translator
         self.events: list[dict[str, Any]] = record.events
+        self.held: list[dict[str, Any]] = []
         self.scope = trio.CancelScope()
         self.finished = trio.Event()
         self._changed = trio.Event()
@@ -53,6 +72,12 @@ class BackgroundJob:
         response["output"] = list(response.get("output") or ())
         return response
 
+    def hold_terminal(self, events: list[dict[str, Any]]) -> None:
+        """Publish what the translator produced, keeping its terminal event back in `held`."""
+        if events and self.translator.done:
+            events, self.held = events[:-1], events[-1:]
+        self.publish(events)
+
     def publish(self, events: list[dict[str, Any]]) -> None:
         if events:
             self.events.extend(events)
@@ -65,23 +90,80 @@ class BackgroundJob:
 
 
 class BackgroundRunner:
-    def __init__(self, store: ResponseStore, backend: ChatBackend) -> None:
+    def __init__(
+        self,
+        store: ResponseStore,
+        backend: ChatBackend,
+        *,
+        clock: Callable[[], float] = time.time,
+        retry_seconds: float = 2.0,
+        lease_seconds: float = LEASE_SECONDS,
+    ) -> None:
         self._store = store
+        self._lease = lease_seconds
         self._backend = backend
+        self._clock = clock
+        self._retry = retry_seconds
         self._jobs: dict[str, BackgroundJob] = {}
         self._nursery: trio.Nursery | None = None
         self.stopped = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Own the jobs' nursery until cancelled (the app's shutdown)."""
+        """Own the jobs' nursery until cancelled (the app's shutdown).
+
+        First ends the responses whose process died (expired leases).
+        """
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 task_status.started()
+                await self.end_lost()
                 await trio.sleep_forever()
         finally:
             self._nursery = None
             self.stopped.set()
+
+    async def end_lost(self) -> int:
+        """End every stored response whose lease has expired; how many were ended."""
+        try:
+            expired = await self._store.expired_leases(self._clock())
+            ended = 0
+            for response_id in expired:
+                record = await self._store.update(response_id, _lost_change(self._clock()))
+                ended += record is not None and record.lease_until is None
+        except StoreUnavailable:
+            log.warning("could not look for lost background responses: the store is unavailable")
+            return 0
+        if ended:
+            log.info("ended %d background responses whose gateway instance had stopped", ended)
+        return ended
+
+    async def load(self, response_id: str) -> StoredResponse | None:
+        """A stored response; one whose process died is ended first (expired lease).
+
+        Raises:
+            StoreUnavailable: the store failed.
+        """
+        record = await self._store.load(response_id)
+        if record is not None and _lease_expired(record, self._clock()):
+            record = await self._store.update(response_id, _lost_change(self._clock()))
+        return record
+
+    async def cancel_stored(self, response_id: str) -> StoredResponse | None:
+        """Record a cancel for a response another instance runs (it sees it at its next save).
+
+        Raises:
+            StoreUnavailable: the store failed.
+        """
+
+        def cancel(record: StoredResponse) -> StoredResponse | None:
+            if record.response.get("status") in TERMINAL:
+                return None
+            record.response["status"] = "cancelled"
+            record.lease_until = None
+            return record
+
+        return await self._store.update(response_id, cancel)
 
     def shutdown(self) -> None:
         """Cancel every job (each records that it was cancelled) and stop."""
@@ -100,11 +182,13 @@ class BackgroundRunner:
 
         Raises:
             InternalError: the runner is not running (the app is shutting down).
+            StoreUnavailable: the queued response could not be stored.
         """
         if self._nursery is None:
             raise InternalError("The gateway is shutting down; background responses cannot start.")
         job = BackgroundJob(record, translator)
-        await self._store.save(record)
+        record.lease_until = self._clock() + self._lease
+        await save_retrying(self._store, record, within=self._retry)
         self._jobs[job.id] = job
         self._nursery.start_soon(self._run_job, job, body, loop)
         return job
@@ -123,42 +207,119 @@ class BackgroundRunner:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._save_progress, job)
                     try:
-                        await collect_response(self._backend, body, translator, on_events=job.publish, loop=loop)
+                        await collect_response(self._backend, body, translator, on_events=job.hold_terminal, loop=loop)
                     except GatewayError as error:
                         if not translator.done:
-                            job.publish(fail_with(translator, error))
+                            job.hold_terminal(fail_with(translator, error))
                     except Exception:
                         log.debug("background job %s failed", job.id, exc_info=True)
                         if not translator.done:
-                            job.publish(fail_with(translator, InternalError("The background response failed.")))
+                            job.hold_terminal(fail_with(translator, InternalError("The background response failed.")))
                     nursery.cancel_scope.cancel()
         finally:
-            if not translator.done or translator.response.get("status") not in TERMINAL:
-                # Cancelled (by the client or by shutdown): say so in the record.
-                translator.response["status"] = "cancelled"
-            job.record.response = job.snapshot()
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                try:
-                    await self._store.save(job.record)
-                except Exception:
-                    log.warning("could not store background response %s", job.id)
+            with trio.CancelScope(shield=True), trio.move_on_after(self._retry + 5):
+                await self._finish(job)
             self._jobs.pop(job.id, None)
             job.finished.set()
             job._changed.set()
 
+    async def _finish(self, job: BackgroundJob) -> None:
+        """Store the job's end, then let its followers hear it."""
+        translator = job.translator
+        if not translator.done or translator.response.get("status") not in TERMINAL:
+            # Cancelled (by the client, another instance or shutdown): say so in the record.
+            translator.response["status"] = "cancelled"
+        taken: list[StoredResponse] = []
+
+        def finish(stored: StoredResponse) -> StoredResponse | None:
+            taken[:] = [stored]
+            if stored.response.get("status") in TERMINAL:
+                return None  # already ended elsewhere (a cancel, a lost lease): the first end stands
+            return self._record(job, job.held)
+
+        async def store() -> None:
+            deadline = trio.current_time() + self._retry
+            while True:
+                try:
+                    await self._store.update(job.id, finish)
+                    return
+                except StoreUnavailable:
+                    if trio.current_time() >= deadline:
+                        raise
+                    await trio.sleep(0.1)
+
+        tail = await store_before_terminal(translator, job.held, store)
+        if taken and taken[0].response.get("status") in TERMINAL:
+            # Ended elsewhere: what followers hear is what was stored.
+            last = job.events[-1]["sequence_number"] if job.events else -1
+            tail = [e for e in taken[0].events if e.get("sequence_number", -1) > last]
+        job.held = []
+        job.publish(tail)
+        job.record.response = job.snapshot()
+
+    def _record(self, job: BackgroundJob, extra: list[dict[str, Any]], *, lease: float | None = None) -> StoredResponse:
+        record = job.record
+        return StoredResponse(
+            id=record.id,
+            response=job.snapshot(),
+            input_items=record.input_items,
+            events=[*job.events, *extra],
+            previous_response_id=record.previous_response_id,
+            lease_until=lease,
+        )
+
     async def _save_progress(self, job: BackgroundJob) -> None:
-        """Save now and then; a cancel recorded by another instance stops the job."""
+        """Save now and then, renewing the lease; a cancel recorded elsewhere stops the job."""
         saved = -1
+        renewed = trio.current_time()
+        stop = False
+
+        def progress(stored: StoredResponse) -> StoredResponse | None:
+            nonlocal stop
+            if stored.response.get("status") in TERMINAL:
+                stop = True
+                return None
+            return self._record(job, [], lease=self._clock() + self._lease)
+
         while True:
             await trio.sleep(_SAVE_EVERY)
-            stored = await self._store.load(job.id)
-            if stored is not None and stored.response.get("status") == "cancelled":
+            # Write when something changed, and often enough to keep the lease.
+            if len(job.events) == saved and trio.current_time() - renewed < self._lease / 3 - _SAVE_EVERY:
+                stored = await self._quietly(self._store.load(job.id))
+                stop = stored is not None and stored.response.get("status") in TERMINAL
+            else:
+                count = len(job.events)
+                if await self._quietly(self._store.update(job.id, progress)) is not None:
+                    saved, renewed = count, trio.current_time()
+            if stop:
                 job.scope.cancel()
                 return
-            if len(job.events) != saved:
-                saved = len(job.events)
-                job.record.response = job.snapshot()
-                await self._store.save(job.record)
+
+    async def _quietly(self, call: Any) -> Any:
+        try:
+            return await call
+        except StoreUnavailable:
+            log.debug("progress save of a background response failed; retried at the next one")
+            return None
+
+
+def _lease_expired(record: StoredResponse, now: float) -> bool:
+    return (
+        record.lease_until is not None
+        and record.lease_until < now
+        and record.response.get("status") not in TERMINAL
+    )
+
+
+def _lost_change(now: float) -> Callable[[StoredResponse], StoredResponse | None]:
+    def lost(record: StoredResponse) -> StoredResponse | None:
+        if not _lease_expired(record, now):
+            return None
+        record.events += fail_recorded(record.response, record.events, "server_error", _LOST)
+        record.lease_until = None
+        return record
+
+    return lost
 
 
 def queued_snapshot(response: dict[str, Any]) -> dict[str, Any]:
@@ -166,4 +327,3 @@ def queued_snapshot(response: dict[str, Any]) -> dict[str, Any]:
     snapshot["status"] = "queued"
     snapshot["output"] = []
     return snapshot
-

@@ -23,11 +23,11 @@ import trio
 
 from .backend import ChatBackend
 from .errors import BackendStreamError, GatewayError, InternalError, error_fields
-from .streams.chunks import DONE, ChunkDecoder
+from .streams.chunks import DONE
 from .streams.relay import SSE_HEADERS, EventChannelBody
 from .streams.sse import encode_done
 from .streams.toolloop import ToolLoop, ToolOutcome, next_round_body
-from .streams.translator import RoundCall, sum_usage
+from .streams.translator import RoundCall, chunk_problem, sum_usage
 
 __all__ = ["ChatLoopStream", "RoundFilter", "run_chat_loop"]
 
@@ -109,20 +109,18 @@ async def _stream_round(
     backend: ChatBackend, body: dict[str, Any], flt: RoundFilter, emit: Callable[[dict[str, Any]], Any]
 ) -> None:
     async with backend.open_chat_stream(body) as upstream:
-        decoder = ChunkDecoder()
-        async for data in upstream:
-            for chunk in decoder.decode(data):
+        async for batch in upstream:
+            for chunk in batch:
                 if chunk is DONE:
                     break
-                if isinstance(chunk, GatewayError):
-                    raise chunk
-                if isinstance(chunk, dict) and chunk.get("error") and not chunk.get("choices"):
+                problem = chunk_problem(chunk)
+                if problem is not None:
+                    raise BackendStreamError(f"The backend sent an invalid chunk: {problem}.", code="backend_error")
+                if chunk.get("error") and not chunk.get("choices"):
                     raise _stream_error(chunk)
                 out = flt.feed(chunk)
                 if out is not None:
                     await emit(out)
-            if decoder.finished:
-                break
 
 
 def _stream_error(chunk: dict[str, Any]) -> GatewayError:

@@ -91,12 +91,31 @@ class Settings(BaseSettings):
     redis_url: str = Field("redis://localhost:6379/0", description="Redis URL (STORE_BACKEND=redis).", repr=False)
     store_ttl: float = Field(0, ge=0, description="Seconds a stored response is kept; 0 keeps it until deleted or evicted.")
     max_conversation_history: int = Field(100, ge=1, description="Stored responses kept by the memory store.")
+    background_lease_seconds: float = Field(
+        15.0,
+        ge=3,
+        description=(
+            "Seconds a running background response's lease lasts (renewed about every second); once it "
+            "expires, its gateway instance is taken to be dead and the response ends as failed."
+        ),
+    )
+    store_retry_seconds: float = Field(
+        2.0,
+        ge=0,
+        description=(
+            "Seconds a failing store is retried before a response that must be stored fails with "
+            "store_unavailable (a Redis restart, a locked SQLite file)."
+        ),
+    )
 
     # --- tools (used by later features; names kept stable) -------------------
     max_tool_call_iterations: int = Field(25, ge=1, description="Tool-loop rounds before a response stops.")
     mcp_tool_refresh_interval: float = Field(10.0, gt=0, description="Seconds between MCP tool refreshes.")
     mcp_servers_config_path: str | None = Field(None, description="Path of the MCP servers JSON file.")
     mcp_call_timeout: float = Field(60.0, gt=0, description="Seconds one MCP tool call may take.")
+    mcp_connect_timeout: float = Field(
+        10.0, gt=0, description="Seconds an MCP server may take to connect, initialise and list its tools."
+    )
     mcp_allowed_urls: str = Field(
         "",
         description=(

@@ -14,6 +14,7 @@ nothing else in the code base turns exceptions into responses.
     │   ├── BackendTimeout        504 (connect or read timeout)
     │   ├── BackendStatusError    the backend's own 4xx (passed on) or 5xx (502)
     │   └── BackendStreamError    an error payload inside a 200 stream, or a cut stream
+    ├── StoreUnavailable          503 (the conversation store could not be reached)
     └── InternalError             500 (a bug; details only in DEBUG logs)
 """
 
@@ -37,6 +38,7 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "RequestTooLarge",
+    "StoreUnavailable",
     "backend_error_from",
     "error_body",
     "error_json",
@@ -89,6 +91,18 @@ class InternalError(GatewayError):
     status = 500
     type = "server_error"
     code = "internal_error"
+
+
+class StoreUnavailable(GatewayError):
+    """The conversation store failed (Redis down, SQLite locked or unwritable).
+
+    Stores raise it for their library's errors; the message never carries
+    the library's text, which may name hosts or paths.
+    """
+
+    status = 503
+    type = "server_error"
+    code = "store_unavailable"
 
 
 class BackendError(GatewayError):

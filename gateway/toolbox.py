@@ -163,11 +163,20 @@ class HostedListing:
 
 
 async def open_hosted(
-    stack: Any, specs: list[HostedSpec], configured: ToolSource | None, allow: Sequence[str], tools: RequestTools
+    stack: Any,
+    specs: list[HostedSpec],
+    configured: ToolSource | None,
+    allow: Sequence[str],
+    tools: RequestTools,
+    *,
+    connect_timeout: float,
 ) -> list[HostedListing]:
     """Connect the request's hosted MCP servers (their sessions live in `stack`) and offer their tools.
 
-    A `server_label` without `server_url` names a configured server.
+    A `server_label` without `server_url` names a configured server.  Each
+    server gets `connect_timeout` seconds to connect and initialise, and as
+    long again to list its tools; one that does not is reported in its
+    `mcp_list_tools` item, as any other failure to reach it.
 
     Raises:
         InvalidRequest: a URL the gateway may not contact, or an unknown configured label.
@@ -185,11 +194,18 @@ async def open_hosted(
                 raise InvalidRequest(str(exc), param=f"tools[{spec.index}].server_url", code="mcp_server_not_allowed") from None
             try:
                 session = await stack.enter_async_context(
-                    open_remote_session(spec.server_url, spec.headers, server_label=spec.server_label)
+                    open_remote_session(
+                        spec.server_url, spec.headers, server_label=spec.server_label, connect_timeout=connect_timeout
+                    )
                 )
-                offered = await session.list_tools()
+                with trio.fail_after(connect_timeout):
+                    offered = await session.list_tools()
             except GatewayError as error:
                 listings.append(HostedListing(spec, [], error.message))
+                continue
+            except trio.TooSlowError:
+                message = f"the MCP server {spec.server_label!r} did not list its tools within {connect_timeout:g} s"
+                listings.append(HostedListing(spec, [], message))
                 continue
             source = session
         else:

@@ -9,8 +9,9 @@ Nothing here decides the Responses protocol.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
+from urllib.parse import quote
 from typing import Any, cast
 
 import trio
@@ -19,7 +20,7 @@ from quart import Response, current_app, request
 from .backend import ChatBackend, passthrough_response_headers
 from .background import TERMINAL, BackgroundJob
 from .errors import GatewayError, InvalidRequest, RequestTooLarge, error_json
-from .store import ResponseStore
+from .store import StoredResponse
 from .streams.relay import DeferredHeadBody
 from .streams.sse import encode_done, encode_event
 
@@ -32,6 +33,7 @@ __all__ = [
     "int_arg",
     "once",
     "page",
+    "passthrough_path",
     "ws_error",
 ]
 
@@ -68,10 +70,15 @@ async def follow_job(job: BackgroundJob, after: int) -> AsyncIterator[bytes]:
 STORE_POLL = 0.5
 
 
-async def follow_store(store: ResponseStore, response_id: str, after: int) -> AsyncIterator[bytes]:
-    """Follow a response another instance is running, through the store's saves."""
+async def follow_store(
+    load: Callable[[str], Awaitable[StoredResponse | None]], response_id: str, after: int
+) -> AsyncIterator[bytes]:
+    """Follow a response another instance is running, through the store's saves.
+
+    `load` reads the record (ending it first when its instance died).
+    """
     while True:
-        record = await store.load(response_id)
+        record = await load(response_id)
         if record is None:
             break
         new = [e for e in record.events if e.get("sequence_number", 0) > after]
@@ -82,6 +89,35 @@ async def follow_store(store: ResponseStore, response_id: str, after: int) -> As
             break
         await trio.sleep(STORE_POLL)
     yield encode_done()
+
+
+def passthrough_path(path: str) -> str:
+    """The part of `/v1/{path}` a passthrough may forward, ready for a URL.
+
+    `path` arrives decoded (`%2e%2e` is already `..`).  Dot-segments are
+    resolved and empty segments dropped; a path that would leave `/v1`, or
+    that carries control characters, is refused.  Each segment is
+    percent-encoded again, so the backend's URL parser cannot read a new
+    structure into it.
+
+    Raises:
+        InvalidRequest: `invalid_path`.
+    """
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        raise InvalidRequest("The request path contains control characters.", code="invalid_path")
+    segments: list[str] = []
+    for segment in path.split("/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            if not segments:
+                raise InvalidRequest("The request path leaves /v1.", code="invalid_path")
+            segments.pop()
+            continue
+        segments.append(segment)
+    if not segments:
+        raise InvalidRequest("The request path names nothing under /v1.", code="invalid_path")
+    return "/".join(quote(segment, safe="") for segment in segments)
 
 
 def ws_error(status: int, code: str, message: str, *, param: str | None = None) -> dict[str, Any]:

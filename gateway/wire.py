@@ -24,7 +24,10 @@ __all__ = [
     "ItemReference",
     "MessageItem",
     "OtherItem",
+    "MAX_JSON_DEPTH",
     "ReasoningItem",
+    "decode_json_object",
+    "nested_deeper_than",
     "parse_create_request",
 ]
 
@@ -222,12 +225,39 @@ class CreateResponseRequest(_Open):
 _REQUEST = TypeAdapter(CreateResponseRequest)
 
 
-def parse_create_request(body: bytes) -> CreateResponseRequest:
-    """Decode and validate a `POST /v1/responses` body.
+# How deeply a request's JSON may nest.  Far below what the encoder allows
+# (orjson stops at 254 levels): parts of a request are echoed inside events
+# and stored records, a few levels further down.  Real tool schemas stay
+# within a dozen levels.
+MAX_JSON_DEPTH = 64
+
+
+def _encoder_depth() -> int:
+    """The deepest nesting orjson encodes (254 today), found once at import."""
+    low, high = 1, 4096
+    while low < high:
+        mid = (low + high + 1) // 2
+        nested: list[Any] = []
+        for _ in range(mid - 1):
+            nested = [nested]
+        try:
+            orjson.dumps(nested)
+        except TypeError:
+            high = mid - 1
+        else:
+            low = mid
+    return low
+
+
+_MARGIN = _encoder_depth() - MAX_JSON_DEPTH
+
+
+def decode_json_object(body: bytes | str) -> dict[str, Any]:
+    """A request body as a JSON object, nested at most `MAX_JSON_DEPTH` levels.
 
     Raises:
-        InvalidRequest: malformed JSON, or a field of the wrong type; the
-            error's `param` names the field (`input[2].content`).
+        InvalidRequest: not JSON (`invalid_json`), not an object, or nested
+            too deeply (`nesting_too_deep`, `param` names the field).
     """
     try:
         data = orjson.loads(body)
@@ -235,6 +265,65 @@ def parse_create_request(body: bytes) -> CreateResponseRequest:
         raise InvalidRequest("the request body is not valid JSON", code="invalid_json") from None
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object", code="invalid_json")
+    # The encoder measures depth in C, ten times faster than a walk in
+    # Python: wrapped in `_MARGIN` more levels, the body encodes exactly
+    # when it nests at most MAX_JSON_DEPTH levels.
+    wrapped: Any = data
+    for _ in range(_MARGIN):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except TypeError:
+        path = _too_deep(data, MAX_JSON_DEPTH - 1) or []
+        param = _path_name(path[:4]) or "body"
+        raise InvalidRequest(
+            f"Invalid value for '{param}': JSON may nest at most {MAX_JSON_DEPTH} levels.",
+            param=param,
+            code="nesting_too_deep",
+        ) from None
+    return data
+
+
+def _too_deep(value: dict[str, Any] | list[Any], levels: int) -> list[Any] | None:
+    """The path to a container more than `levels` below `value`, or None.
+
+    Recursion is bounded by `levels`; the path is built only on the way out.
+    """
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, child in items:
+        if isinstance(child, (dict, list)):
+            if levels == 0:
+                return [key]
+            path = _too_deep(child, levels - 1)
+            if path is not None:
+                path.insert(0, key)
+                return path
+    return None
+
+
+def nested_deeper_than(value: Any, levels: int) -> bool:
+    """Whether containers in `value` nest more than `levels` deep (`value` itself is level 1)."""
+    if not isinstance(value, (dict, list)):
+        return False
+    return levels < 1 or _too_deep(value, levels - 1) is not None
+
+
+def _path_name(path: list[Any]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out
+
+
+def parse_create_request(body: bytes) -> CreateResponseRequest:
+    """Decode and validate a `POST /v1/responses` body.
+
+    Raises:
+        InvalidRequest: malformed JSON, JSON nested too deeply, or a field
+            of the wrong type; the error's `param` names the field
+            (`input[2].content`).
+    """
+    data = decode_json_object(body)
     try:
         # Strict: "0.5" is not a number and "yes" is not a boolean, as for OpenAI.
         return _REQUEST.validate_python(data, strict=True)

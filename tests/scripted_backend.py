@@ -54,6 +54,8 @@ def call_delta(index: int, *, id: str | None = None, name: str | None = None, ar
 HANG = "hang"  # stop sending and wait until the client leaves
 WAIT_RELEASE = "wait-release"  # wait for the test to set backend.release
 CLOSE = "close"  # end the body here (no [DONE])
+COMMENTS_FOREVER = "comments-forever"  # an SSE comment every 50 ms, never data
+TRICKLE = "trickle"  # one byte of a chunk every 50 ms, never a whole chunk
 
 SCENARIOS: dict[str, list[Any]] = {
     "text": [
@@ -175,6 +177,14 @@ SCENARIOS: dict[str, list[Any]] = {
         chunk(finish="stop"),
         b"[DONE]",
     ],
+    # Chunks the Chat Completions protocol does not allow.
+    "garbage-choices": [chunk({"content": "Hel"}), {"id": "x", "choices": "oops"}, b"[DONE]"],
+    "garbage-content": [chunk({"content": 42}), chunk(finish="stop"), b"[DONE]"],
+    "garbage-tool-calls": [chunk({"tool_calls": [{"index": 0, "function": "get_weather"}]}), b"[DONE]"],
+    "garbage-not-object": [b"[1, 2, 3]", b"[DONE]"],
+    # Bytes that never make data: the read timeout must still fire.
+    "comments-forever": [COMMENTS_FOREVER],
+    "trickle": [TRICKLE],
     "unicode": [
         chunk({"content": "line\u2028sep"}),
         chunk({"content": " \u00e9\U0001f600"}),
@@ -246,6 +256,10 @@ class ScriptedBackend:
             for n in range(20):
                 await send({"type": "http.response.body", "body": f"data: {n}\n\n".encode(), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+        elif not path.startswith("/v1/"):  # the backend's root: what a passthrough must never reach
+            await _json(send, 200, {"escaped": True, "path": path, "headers": headers})
+        elif path == "/v1/echo-headers":  # a 4xx whose message echoes the request's headers
+            await _json(send, 400, {"error": {"message": f"bad request; headers were {headers}", "type": "invalid_request_error"}})
         elif path == "/v1/teapot":
             await _json(send, 418, {"error": {"message": "I am a teapot", "type": "invalid_request_error", "code": "teapot"}})
         else:
@@ -265,10 +279,18 @@ class ScriptedBackend:
         if model == "no-reasoning-content" and any("reasoning_content" in m for m in body.get("messages", [])):
             await _json(send, 400, {"error": {"message": "Unrecognized request argument supplied: reasoning_content", "type": "invalid_request_error"}})
             return
+        if model == "echo-auth-400":
+            message = f"rejected request with authorization {self.requests[-1].headers.get('authorization')}"
+            await _json(send, 400, {"error": {"message": message, "type": "invalid_request_error"}})
+            return
         if model == "hang-before-headers":
             await self._wait_client_left(receive)
             return
-        if model == "weather":
+        script: list[Any]
+        if model == "echo-auth-stream":  # an error inside the stream that echoes the request's key
+            auth = self.requests[-1].headers.get("authorization")
+            script = [chunk({"content": "ok"}), {"error": {"message": f"failed for {auth}", "type": "server_error"}}]
+        elif model == "weather":
             script = _weather_script(body)
         elif model.startswith("mcp-"):
             script = _tool_user_script(model, body)
@@ -285,6 +307,14 @@ class ScriptedBackend:
                     await self.release.wait()
                 elif step == CLOSE:
                     break
+                elif step == COMMENTS_FOREVER:
+                    while True:
+                        await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
+                        await trio.sleep(0.05)  # the backend's own pace, not a synchronisation
+                elif step == TRICKLE:
+                    for byte in b'data: {"choices": [{"index": 0, "delta": {"content": "never complete"}}]}' * 100:
+                        await send({"type": "http.response.body", "body": bytes([byte]), "more_body": True})
+                        await trio.sleep(0.05)  # the backend's own pace, not a synchronisation
                 else:
                     data = step if isinstance(step, bytes) else orjson.dumps(step)
                     await send({"type": "http.response.body", "body": b"data: " + data + b"\n\n", "more_body": True})

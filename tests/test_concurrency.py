@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from conftest import parse_sse
+from gateway.streams.chunks import ChunkDecoder
 from gateway.streams.relay import ResponseEventStream
 from gateway.streams.translator import ResponseTranslator
 from gateway.translate import plan_chat_request
@@ -22,7 +23,11 @@ HEARTBEAT = b": keep-alive\n\n"
 
 
 class ChannelBackend:
-    """An in-memory ChatBackend driven by the test (for exact timing under a mock clock)."""
+    """An in-memory ChatBackend driven by the test (for exact timing under a mock clock).
+
+    The test sends SSE bytes; the stream decodes them into batches of chunks
+    as the HTTP adapter does (one batch per message sent).
+    """
 
     def __init__(self) -> None:
         self.answer = trio.Event()
@@ -33,12 +38,36 @@ class ChannelBackend:
     async def open_chat_stream(self, body: dict[str, Any]) -> AsyncIterator[Any]:
         try:
             await self.answer.wait()
-            yield self.recv
+            yield _DecodedChannel(self.recv)
         finally:
             self.closed.set()
 
     def open_passthrough(self, *args: Any) -> Any:  # pragma: no cover - not used here
         raise NotImplementedError
+
+
+class _DecodedChannel:
+    def __init__(self, recv: trio.MemoryReceiveChannel[bytes]) -> None:
+        self._recv = recv
+        self._decoder = ChunkDecoder()
+
+    @property
+    def saw_done(self) -> bool:
+        return self._decoder.saw_done
+
+    def __aiter__(self) -> _DecodedChannel:
+        return self
+
+    async def __anext__(self) -> list[Any]:
+        while not self._decoder.finished:
+            try:
+                data = await self._recv.receive()
+            except trio.EndOfChannel:
+                raise StopAsyncIteration from None
+            batch = self._decoder.decode(data)
+            if batch:
+                return batch
+        raise StopAsyncIteration
 
 
 def make_body(backend: ChannelBackend, interval: float) -> ResponseEventStream:

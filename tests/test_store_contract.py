@@ -33,17 +33,28 @@ def record(response_id: str, *, previous: str | None = None, text: str = "hi") -
     )
 
 
-async def start_redis(nursery: trio.Nursery, tmp_path: Any) -> str:
+async def start_redis(nursery: trio.Nursery, tmp_path: Any, *, appendonly: bool = False) -> str:
     """A real redis-server on a free port, stopped with the test's nursery."""
+    url, _process = await start_redis_process(nursery, tmp_path, appendonly=appendonly)
+    return url
+
+
+async def start_redis_process(
+    nursery: trio.Nursery, directory: Any, *, appendonly: bool = False, port: int = 0
+) -> tuple[str, trio.Process]:
+    """A real redis-server (on `port`, or a free one) keeping its files in `directory`, and its process."""
     import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    if not port:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
     assert REDIS is not None
-    proc = await nursery.start(
+    os.makedirs(directory, exist_ok=True)
+    persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if appendonly else ["--appendonly", "no"]
+    process: trio.Process = await nursery.start(
         lambda task_status: trio.run_process(
-            [REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+            [REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence, "--dir", str(directory)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             check=False,
@@ -58,10 +69,10 @@ async def start_redis(nursery: trio.Nursery, tmp_path: Any) -> str:
             try:
                 if await trio.to_thread.run_sync(client.ping):
                     break
-            except redis.ConnectionError:
+            except (redis.ConnectionError, redis.exceptions.BusyLoadingError):
                 await trio.sleep(0.02)  # the server process is starting; nothing to wait on but its port
     client.close()
-    return f"redis://127.0.0.1:{port}/0"
+    return f"redis://127.0.0.1:{port}/0", process
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
@@ -181,3 +192,122 @@ async def test_sqlite_is_shared_by_processes_on_one_machine(tmp_path):
         for n in range(20):
             assert await store.load(f"resp_{worker}_{n}") is not None
     await store.aclose()
+
+
+def bump(record: StoredResponse) -> StoredResponse:
+    record.response["count"] = record.response.get("count", 0) + 1
+    return record
+
+
+async def test_update_changes_a_record_atomically_under_concurrent_writers(store):
+    await store.save(record("resp_u"))
+
+    async def bump_ten_times() -> None:
+        for _ in range(10):
+            await store.update("resp_u", bump)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(5):
+            nursery.start_soon(bump_ten_times)
+    assert (await store.load("resp_u")).response["count"] == 50
+
+
+async def test_update_that_declines_leaves_the_record_and_an_unknown_id_is_none(store):
+    await store.save(record("resp_v"))
+    current = await store.update("resp_v", lambda r: None)
+    assert current == record("resp_v")
+    assert await store.load("resp_v") == record("resp_v")
+    called: list[str] = []
+    assert await store.update("resp_missing", lambda r: called.append(r.id)) is None
+    assert called == []
+
+
+async def test_expired_leases_are_found_and_a_cleared_lease_is_forgotten(store):
+    for name, until in (("resp_old", 100.0), ("resp_new", 300.0), ("resp_none", None)):
+        held = record(name)
+        held.lease_until = until
+        await store.save(held)
+    assert sorted(await store.expired_leases(200.0)) == ["resp_old"]
+    assert (await store.load("resp_old")).lease_until == 100.0
+
+    def release(r: StoredResponse) -> StoredResponse:
+        r.lease_until = None
+        return r
+
+    await store.update("resp_old", release)
+    assert await store.expired_leases(200.0) == []
+    assert sorted(await store.expired_leases(400.0)) == ["resp_new"]
+    await store.delete("resp_new")
+    assert await store.expired_leases(400.0) == []
+
+
+async def test_sqlite_creates_its_files_readable_by_their_owner_only(tmp_path):
+    path = tmp_path / "fresh" / "responses.sqlite3"
+    store = SQLiteStore(str(path))
+    await store.save(record("resp_perm"))
+    assert (path.parent.stat().st_mode & 0o777) == 0o700
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        assert (name.stat().st_mode & 0o777) == 0o600, name
+    await store.aclose()
+    loose = tmp_path / "loose.sqlite3"
+    loose.touch(mode=0o644)
+    loose.chmod(0o644)
+    await SQLiteStore(str(loose)).aclose()
+    assert (loose.stat().st_mode & 0o777) == 0o600
+
+
+async def test_sqlite_files_of_an_earlier_version_gain_leases_at_start_up(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE responses (id TEXT PRIMARY KEY, data BLOB NOT NULL, saved_at REAL NOT NULL);"
+        "CREATE TABLE items (id TEXT PRIMARY KEY, response_id TEXT NOT NULL);"
+    )
+    from gateway.store.base import encode_record
+
+    conn.execute("INSERT INTO responses VALUES (?, ?, 0)", ("resp_old", encode_record(record("resp_old"))))
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(str(path))
+    assert await store.load("resp_old") == record("resp_old")
+    held = record("resp_held")
+    held.lease_until = 5.0
+    await store.save(held)
+    assert await store.expired_leases(10.0) == ["resp_held"]
+    await store.aclose()
+
+
+async def test_a_store_that_fails_raises_store_unavailable_without_library_text(tmp_path, nursery):
+    from gateway.errors import StoreUnavailable
+
+    path = tmp_path / "locked.sqlite3"
+    store = SQLiteStore(str(path))
+    await store.save(record("resp_l"))
+    import sqlite3
+
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")  # another process holding the database
+    store._conn.execute("PRAGMA busy_timeout = 50")
+    with pytest.raises(StoreUnavailable) as caught:
+        await store.save(record("resp_l2"))
+    assert caught.value.code == "store_unavailable" and caught.value.status == 503
+    assert "locked" not in caught.value.message
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    await store.save(record("resp_l2"))  # the store works again once the lock is gone
+    await store.aclose()
+
+
+@pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (.ci/run installs it)")
+async def test_redis_warns_at_start_up_when_it_keeps_no_append_only_file(tmp_path, nursery):
+    from gateway.store.redis import RedisStore
+
+    without = RedisStore(await start_redis(nursery, tmp_path / "a"))
+    warning = await without.durability_warning()
+    assert warning is not None and "appendonly" in warning
+    await without.aclose()
+    durable = RedisStore(await start_redis(nursery, tmp_path / "b", appendonly=True))
+    assert await durable.durability_warning() is None
+    await durable.aclose()

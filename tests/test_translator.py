@@ -677,21 +677,71 @@ def test_chunks_that_carry_nothing_emit_nothing():
     translator = make_translator()
     translator.start()
 
-    odd_chunks: list[Any] = [
-        None,
-        "text",
-        [],
+    empty_chunks: list[Any] = [
         {},
         {"choices": []},
-        {"choices": "x"},
-        {"choices": [None]},
+        {"choices": None, "usage": None},
         chunk({"role": "assistant", "content": ""}),
-        chunk({"content": None}),
+        chunk({"content": None, "tool_calls": None}),
         chunk(),
+        {"choices": [{"index": 0, "delta": None, "finish_reason": None}]},
     ]
-    for odd in odd_chunks:
-        assert translator.feed(odd) == []
+    for empty in empty_chunks:
+        assert translator.feed(empty) == []
     assert translator.response["output"] == []
+
+
+@pytest.mark.parametrize(
+    ("garbage", "named"),
+    [
+        (None, "a chunk must be a JSON object, not null"),
+        ("text", "a chunk must be a JSON object, not a string"),
+        ([], "a chunk must be a JSON object, not a list"),
+        ({"choices": "oops"}, "'choices' must be a list, not a string"),
+        ({"choices": [None]}, "a choice must be an object, not null"),
+        ({"choices": [{"delta": "x"}]}, "'delta' must be an object, not a string"),
+        (chunk({"content": 42}), "'delta.content' must be a string, not a number"),
+        (chunk({"content": {"text": "x"}}), "'delta.content' must be a string, not an object"),
+        (chunk({"refusal": ["no"]}), "'delta.refusal' must be a string, not a list"),
+        (chunk({"tool_calls": {"index": 0}}), "'delta.tool_calls' must be a list, not an object"),
+        (chunk({"tool_calls": ["call"]}), "'delta.tool_calls[]' must be an object, not a string"),
+        (chunk({"tool_calls": [{"index": "0"}]}), "'delta.tool_calls[].index' must be an integer, not a string"),
+        (chunk({"tool_calls": [{"index": 0, "function": "f"}]}), "'delta.tool_calls[].function' must be an object"),
+        (chunk({"tool_calls": [{"index": 0, "function": {"name": 7}}]}), "'delta.tool_calls[].function.name' must be a string"),
+        (chunk({"tool_calls": [{"index": 0, "function": {"arguments": 1}}]}), ".function.arguments' must be a string"),
+        (chunk(finish=3), "'finish_reason' must be a string, not a number"),
+        ({"choices": [], "usage": [1]}, "'usage' must be an object, not a list"),
+    ],
+)
+def test_a_chunk_the_protocol_does_not_allow_fails_the_response_naming_what_was_wrong(garbage: Any, named: str):
+    translator = make_translator()
+    translator.start()
+    translator.feed(chunk({"content": "Hel"}))
+    events = translator.feed(garbage)
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    error = events[-2]
+    assert error["code"] == "backend_error" and named in error["message"]
+    assert translator.response["status"] == "failed"
+    assert translator.response["error"]["code"] == "backend_error"
+    # What was generated before the bad chunk is kept, marked incomplete.
+    assert translator.response["output"][0]["content"][0]["text"] == "Hel"
+    assert translator.response["output"][0]["status"] == "incomplete"
+    for event in events:
+        validate_event(event)
+
+
+def test_backend_variations_that_clients_meet_are_accepted():
+    translator = make_translator()
+    events = translator.start()
+    events += translator.feed(chunk({"content": [{"type": "text", "text": "Hi"}, {"type": "thinking", "thinking": "x"}]}))
+    events += translator.feed({"choices": [{"index": 0, "message": {"content": " there"}, "finish_reason": None}]})
+    events += translator.feed(chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": {"a": 1}}}]}))
+    events += translator.feed(chunk(finish="tool_calls"))
+    events += translator.finish()
+    assert translator.response["status"] == "completed"
+    message, call = translator.response["output"]
+    assert message["content"][0]["text"] == "Hi there"
+    assert call["arguments"] == '{"a":1}'
 
 
 def test_the_final_response_echoes_the_skeleton_keys():

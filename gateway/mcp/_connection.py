@@ -43,6 +43,7 @@ from mcp.client._transport import TransportStreams
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED
 
+from ..wire import nested_deeper_than
 from .config import ServerConfig
 
 __all__ = [
@@ -68,6 +69,7 @@ CLIENT_INFO = types.Implementation(name="trio-responses-gateway", version="0.1.0
 # (a long tool call); the MCP SDK's own defaults.
 _HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 
+_MAX_SCHEMA_DEPTH = 32  # a tool's input schema; real ones stay within a dozen levels
 _MAX_TOOL_PAGES = 100  # a server that paginates forever cannot hang a refresh
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_-]")
 _MAX_NAME = 64
@@ -125,13 +127,19 @@ def assign_tool_names(listings: Iterable[tuple[str, Sequence[types.Tool]]]) -> l
             if name in taken:
                 name = _unique(sanitize_tool_name(f"{server}__{tool.name}"), taken)
             taken.add(name)
+            schema = dict(tool.input_schema)
+            if nested_deeper_than(schema, _MAX_SCHEMA_DEPTH):
+                # It would be echoed in events and records, and sent to the
+                # backend: a server must not be able to break those.
+                logger.warning("MCP server %r: the schema of tool %r nests too deeply; it is offered without one", server, tool.name)
+                schema = {"type": "object", "properties": {}}
             tools.append(
                 MCPTool(
                     server=server,
                     name=name,
                     original_name=tool.name,
                     description=tool.description,
-                    input_schema=dict(tool.input_schema),
+                    input_schema=schema,
                 )
             )
     return tools

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import socket
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -101,31 +102,40 @@ class RemoteSession:
 
 @asynccontextmanager
 async def open_remote_session(
-    url: str, headers: Mapping[str, str], *, server_label: str = ""
+    url: str, headers: Mapping[str, str], *, server_label: str = "", connect_timeout: float = math.inf
 ) -> AsyncIterator[RemoteSession]:
     """Connect to the MCP server at `url` (streamable HTTP, then SSE) and initialize.
 
     Check the URL with `check_url_allowed_async` first.  Leaving the block
-    closes the session.
+    closes the session.  `connect_timeout` bounds connecting and the
+    handshake, both transports together: the session's task outlives any
+    cancel scope a caller could put around entering this block, so the bound
+    is taken here.
 
     Raises:
-        RemoteMCPError: neither transport could connect and initialize.
+        RemoteMCPError: neither transport could connect and initialize in time.
     """
     failure: RemoteMCPError | None = None
     body_error: Exception | None = None
     async with trio.open_nursery() as nursery:
         failures: list[str] = []
         transports: tuple[ServerType, ...] = ("streamable-http", "sse")
+        deadline = trio.current_time() + connect_timeout
+        connected = False
         for transport in transports:
             config = ServerConfig(name=server_label, type=transport, url=url, headers=dict(headers))
             connection = Connection(server_label)
             try:
-                await nursery.start(_run_contained, connection, open_transport(config))
+                with trio.move_on_at(deadline):
+                    await nursery.start(_run_contained, connection, open_transport(config))
+                    connected = True
             except Exception as exc:
                 failures.append(f"{transport}: {describe_error(exc)}")
                 continue
+            if not connected:  # out of time: a server that accepts and never answers
+                failures.append(f"{transport}: no answer within {connect_timeout:g} s")
             break
-        else:
+        if not connected:
             detail = "; ".join(failures)
             logger.warning("connecting to remote MCP server %r at %s failed: %s", server_label, url, detail)
             failure = RemoteMCPError(f"could not connect to the MCP server {server_label or url!r}", detail=detail)

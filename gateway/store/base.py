@@ -4,8 +4,14 @@ A `StoredResponse` is one response as the Responses API exposes it: the
 final (or latest) `ResponseResource`, the input items it was given (after
 `item_reference`s were resolved, each with an id), and the events it emitted.
 Stores keep records whole: a record is written in one atomic step, so a
-crash never leaves half of one behind.  Items are also found by their own
-id, for `item_reference` inputs.
+crash never leaves half of one behind, and `update` reads and writes one
+atomically (a compare-and-set).  Items are also found by their own id, for
+`item_reference` inputs.  A running background response holds a lease
+(`lease_until`, wall-clock seconds) that its process renews; stores index
+leases so that expired ones can be found after a crash.
+
+Stores raise `StoreUnavailable` for their library's failures, and nothing
+else.
 
 Implementations (memory, SQLite, Redis) must not know about HTTP, the
 translator or the backend; the contract tests in tests/test_store_contract.py
@@ -14,12 +20,16 @@ hold for all of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
+import trio
 
-__all__ = ["ResponseStore", "StoredResponse", "decode_record", "encode_record"]
+from ..errors import StoreUnavailable
+
+__all__ = ["Change", "ResponseStore", "StoredResponse", "decode_record", "encode_record", "save_retrying"]
 
 
 @dataclass
@@ -29,6 +39,7 @@ class StoredResponse:
     input_items: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     previous_response_id: str | None = None
+    lease_until: float | None = None  # a running background response's lease (wall-clock seconds)
 
     def item_ids(self) -> list[str]:
         """Ids of every item this record can resolve: its inputs and its outputs."""
@@ -51,6 +62,7 @@ def encode_record(record: StoredResponse) -> bytes:
             "input_items": record.input_items,
             "events": record.events,
             "previous_response_id": record.previous_response_id,
+            "lease_until": record.lease_until,
         }
     )
 
@@ -63,7 +75,13 @@ def decode_record(data: bytes) -> StoredResponse:
         input_items=raw.get("input_items") or [],
         events=raw.get("events") or [],
         previous_response_id=raw.get("previous_response_id"),
+        lease_until=raw.get("lease_until"),
     )
+
+
+# Given the stored record, the record to write instead, or None to leave it.
+# It may run more than once (optimistic stores retry after a conflict).
+Change = Callable[[StoredResponse], "StoredResponse | None"]
 
 
 class ResponseStore(Protocol):
@@ -77,6 +95,17 @@ class ResponseStore(Protocol):
         """The record, or None when unknown, expired, evicted or deleted."""
         ...
 
+    async def update(self, response_id: str, change: Change) -> StoredResponse | None:
+        """Apply `change` to the stored record atomically; the record as stored afterwards.
+
+        None when there is no such record (`change` is not called).
+        """
+        ...
+
+    async def expired_leases(self, now: float) -> list[str]:
+        """Ids of records whose lease ended before `now`."""
+        ...
+
     async def delete(self, response_id: str) -> bool:
         """Remove the record and its item index; False when it was not there."""
         ...
@@ -86,3 +115,22 @@ class ResponseStore(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+async def save_retrying(store: ResponseStore, record: StoredResponse, *, within: float) -> None:
+    """Save, retrying a failing store (a Redis restart, a locked file) for up to `within` seconds.
+
+    Raises:
+        StoreUnavailable: the store still failed when the time was up.
+    """
+    deadline = trio.current_time() + within
+    delay = 0.05
+    while True:
+        try:
+            await store.save(record)
+            return
+        except StoreUnavailable:
+            if trio.current_time() + delay > deadline:
+                raise
+        await trio.sleep(delay)
+        delay = min(delay * 2, 0.5)

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from .base import StoredResponse, decode_record, encode_record
+from .base import Change, StoredResponse, decode_record, encode_record
 
 __all__ = ["MemoryStore"]
 
@@ -26,6 +26,7 @@ class MemoryStore:
         self._clock = clock
         self._records: OrderedDict[str, tuple[float, bytes, tuple[str, ...]]] = OrderedDict()
         self._items: dict[str, str] = {}  # item id -> response id
+        self._leases: dict[str, float] = {}  # response id -> lease end
 
     async def save(self, record: StoredResponse) -> None:
         old = self._records.pop(record.id, None)
@@ -35,6 +36,10 @@ class MemoryStore:
         self._records[record.id] = (self._clock(), encode_record(record), item_ids)
         for item_id in item_ids:
             self._items[item_id] = record.id
+        if record.lease_until is not None:
+            self._leases[record.id] = record.lease_until
+        else:
+            self._leases.pop(record.id, None)
         # Evict from the least recently used end, never the record just saved.
         while self._max is not None and len(self._records) > self._max:
             evicted_id, (_, _, evicted_items) = self._records.popitem(last=False)
@@ -51,6 +56,20 @@ class MemoryStore:
             return None
         self._records.move_to_end(response_id)
         return decode_record(data)
+
+    async def update(self, response_id: str, change: Change) -> StoredResponse | None:
+        # Nothing between the read and the write yields to another task.
+        current = await self.load(response_id)
+        if current is None:
+            return None
+        new = change(current)
+        if new is None:
+            return current
+        await self.save(new)
+        return new
+
+    async def expired_leases(self, now: float) -> list[str]:
+        return [response_id for response_id, until in self._leases.items() if until < now]
 
     async def delete(self, response_id: str) -> bool:
         entry = self._records.pop(response_id, None)
@@ -69,8 +88,10 @@ class MemoryStore:
     async def aclose(self) -> None:
         self._records.clear()
         self._items.clear()
+        self._leases.clear()
 
     def _unindex(self, response_id: str, item_ids: tuple[str, ...]) -> None:
+        self._leases.pop(response_id, None)
         for item_id in item_ids:
             if self._items.get(item_id) == response_id:
                 del self._items[item_id]

@@ -3,44 +3,106 @@
 redis-py's asyncio client does not run under trio, so the synchronous
 client is used from worker threads (a limiter bounds how many at once; the
 client's own connection pool is thread-safe).  A record and its item index
-are written in one MULTI/EXEC transaction.
+are written in one MULTI/EXEC transaction; `update` is optimistic (WATCH,
+retried on conflict).  Running background responses' leases live in one
+sorted set, scored by their end.
+
+Nothing is lost only if Redis itself keeps what it acknowledged: with
+snapshots alone (its default) a restart loses every write since the last
+snapshot.  `durability_warning` tells at start-up when the append-only file
+is off.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from .base import StoredResponse, decode_record, encode_record
+from ..errors import StoreUnavailable
+from .base import Change, StoredResponse, decode_record, encode_record
 
 __all__ = ["RedisStore"]
-
 
 class RedisStore:
     def __init__(self, url: str, *, ttl: float | None = None, prefix: str = "gateway", threads: int = 16) -> None:
         import redis  # imported here: only deployments that choose Redis need the package
 
         self._redis = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, max_connections=threads)
+        self._errors = redis.exceptions.RedisError
+        self._conflict = redis.exceptions.WatchError
         self._ttl = int(ttl) if ttl else None
         self._prefix = prefix
+        self._leases = f"{prefix}:leases"
         self._limiter = trio.CapacityLimiter(threads)
 
     def _key(self, kind: str, key: str) -> str:
         return f"{self._prefix}:{kind}:{key}"
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        except self._errors as exc:
+            raise StoreUnavailable("The conversation store failed; try again.") from exc
+
+    async def durability_warning(self) -> str | None:
+        """Why acknowledged writes could be lost on a Redis restart, or None.
+
+        Raises:
+            StoreUnavailable: Redis could not be asked.
+        """
+        info = await self._run(self._redis.info, "persistence")
+        if int(info.get("aof_enabled", 0)):
+            return None
+        return (
+            "Redis does not keep an append-only file (appendonly no): a Redis restart loses the responses "
+            "stored since its last snapshot. Run redis-server with --appendonly yes (see README, Conversation state)."
+        )
 
     async def save(self, record: StoredResponse) -> None:
-        await self._run(self._save, record.id, encode_record(record), record.item_ids())
+        await self._run(self._save, record)
 
-    def _save(self, response_id: str, data: bytes, item_ids: list[str]) -> None:
+    def _save(self, record: StoredResponse) -> None:
         pipe = self._redis.pipeline(transaction=True)
-        pipe.set(self._key("response", response_id), data, ex=self._ttl)
-        for item_id in item_ids:
-            pipe.set(self._key("item", item_id), response_id, ex=self._ttl)
+        self._queue_write(pipe, record)
         pipe.execute()
+
+    def _queue_write(self, pipe: Any, record: StoredResponse) -> None:
+        pipe.set(self._key("response", record.id), encode_record(record), ex=self._ttl)
+        for item_id in record.item_ids():
+            pipe.set(self._key("item", item_id), record.id, ex=self._ttl)
+        if record.lease_until is not None:
+            pipe.zadd(self._leases, {record.id: record.lease_until})
+        else:
+            pipe.zrem(self._leases, record.id)
+
+    async def update(self, response_id: str, change: Change) -> StoredResponse | None:
+        return await self._run(self._update, response_id, change)
+
+    def _update(self, response_id: str, change: Change) -> StoredResponse | None:
+        key = self._key("response", response_id)
+        with self._redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    data = pipe.get(key)
+                    if data is None:
+                        return None
+                    current = decode_record(data if isinstance(data, bytes) else data.encode())
+                    new = change(current)
+                    if new is None:
+                        return current
+                    pipe.multi()
+                    self._queue_write(pipe, new)
+                    pipe.execute()
+                    return new
+                except self._conflict:
+                    continue  # written by someone else since WATCH: read again
+
+    async def expired_leases(self, now: float) -> list[str]:
+        ids = await self._run(self._redis.zrangebyscore, self._leases, "-inf", f"({now}")
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
 
     async def load(self, response_id: str) -> StoredResponse | None:
         data = await self._run(self._redis.get, self._key("response", response_id))
@@ -56,6 +118,7 @@ class RedisStore:
             return False
         pipe = self._redis.pipeline(transaction=True)
         pipe.delete(key)
+        pipe.zrem(self._leases, response_id)
         for item_id in decode_record(data if isinstance(data, bytes) else data.encode()).item_ids():
             pipe.delete(self._key("item", item_id))
         pipe.execute()

@@ -5,18 +5,26 @@ per record).
 sqlite3 blocks, so every call runs in a worker thread; one connection and a
 limiter of one serialise this process's access (the connection is not used
 from two threads at once), and SQLite's own locking serialises processes.
+The database holds conversations: its file is created readable by its owner
+only (0600, and the -wal/-shm files SQLite derives from it), in a directory
+created 0700.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sqlite3
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import trio
 
-from .base import StoredResponse, decode_record, encode_record
+from ..errors import StoreUnavailable
+from .base import Change, StoredResponse, decode_record, encode_record
+
+T = TypeVar("T")
 
 __all__ = ["SQLiteStore"]
 
@@ -33,12 +41,16 @@ CREATE TABLE IF NOT EXISTS items (
 CREATE INDEX IF NOT EXISTS items_by_response ON items(response_id);
 CREATE INDEX IF NOT EXISTS responses_by_age ON responses(saved_at);
 """
+# Added after the first release: existing files gain the column at start-up.
+_LEASES = """
+CREATE INDEX IF NOT EXISTS responses_by_lease ON responses(lease_until) WHERE lease_until IS NOT NULL;
+"""
 
 
 class SQLiteStore:
     def __init__(self, path: str, *, ttl: float | None = None) -> None:
         if path != ":memory:":
-            pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+            _create_private(pathlib.Path(path))
         self._ttl = ttl
         self._conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
         # Switching a new file to WAL ignores the busy timeout: when several
@@ -46,36 +58,79 @@ class SQLiteStore:
         _retry_locked(lambda: self._conn.execute("PRAGMA journal_mode=WAL"))
         self._conn.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes; WAL keeps it atomic
         _retry_locked(lambda: self._conn.executescript(_SCHEMA))
+        _retry_locked(self._add_lease_column)
         self._limiter = trio.CapacityLimiter(1)
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+    def _add_lease_column(self) -> None:
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(responses)")}
+        if "lease_until" not in columns:
+            try:
+                self._conn.execute("ALTER TABLE responses ADD COLUMN lease_until REAL")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):  # another worker added it first
+                    raise
+        self._conn.executescript(_LEASES)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable("The conversation store failed; try again.") from exc
 
     async def save(self, record: StoredResponse) -> None:
-        await self._run(self._save, record.id, encode_record(record), record.item_ids())
+        await self._run(self._save, record)
 
-    def _save(self, response_id: str, data: bytes, item_ids: list[str]) -> None:
+    def _save(self, record: StoredResponse) -> None:
         with _transaction(self._conn):
-            self._conn.execute(
-                "INSERT OR REPLACE INTO responses (id, data, saved_at) VALUES (?, ?, ?)",
-                (response_id, data, time.time()),
-            )
-            self._conn.execute("DELETE FROM items WHERE response_id = ?", (response_id,))
-            self._conn.executemany(
-                "INSERT OR REPLACE INTO items (id, response_id) VALUES (?, ?)",
-                [(item_id, response_id) for item_id in item_ids],
-            )
+            self._write(record)
+
+    def _write(self, record: StoredResponse) -> None:
+        response_id = record.id
+        self._conn.execute(
+            "INSERT OR REPLACE INTO responses (id, data, saved_at, lease_until) VALUES (?, ?, ?, ?)",
+            (response_id, encode_record(record), time.time(), record.lease_until),
+        )
+        self._conn.execute("DELETE FROM items WHERE response_id = ?", (response_id,))
+        self._conn.executemany(
+            "INSERT OR REPLACE INTO items (id, response_id) VALUES (?, ?)",
+            [(item_id, response_id) for item_id in record.item_ids()],
+        )
+
+    async def update(self, response_id: str, change: Change) -> StoredResponse | None:
+        return await self._run(self._update, response_id, change)
+
+    def _update(self, response_id: str, change: Change) -> StoredResponse | None:
+        with _transaction(self._conn):  # BEGIN IMMEDIATE: no other writer between the read and the write
+            data = self._load(response_id, in_transaction=True)
+            if data is None:
+                return None
+            current = decode_record(data)
+            new = change(current)
+            if new is None:
+                return current
+            self._write(new)
+            return new
+
+    async def expired_leases(self, now: float) -> list[str]:
+        return await self._run(self._expired, now)
+
+    def _expired(self, now: float) -> list[str]:
+        rows = self._conn.execute(
+            "SELECT id FROM responses WHERE lease_until IS NOT NULL AND lease_until < ?", (now,)
+        ).fetchall()
+        return [str(row[0]) for row in rows]
 
     async def load(self, response_id: str) -> StoredResponse | None:
         data = await self._run(self._load, response_id)
         return decode_record(data) if data is not None else None
 
-    def _load(self, response_id: str) -> bytes | None:
+    def _load(self, response_id: str, *, in_transaction: bool = False) -> bytes | None:
         row = self._conn.execute("SELECT data, saved_at FROM responses WHERE id = ?", (response_id,)).fetchone()
         if row is None:
             return None
         if self._ttl is not None and time.time() - row[1] > self._ttl:
-            self._delete(response_id)
+            if not in_transaction:  # inside one, an expired record is only ignored
+                self._delete(response_id)
             return None
         return bytes(row[0])
 
@@ -102,6 +157,25 @@ class SQLiteStore:
 
     async def aclose(self) -> None:
         await self._run(self._conn.close)
+
+
+def _create_private(path: pathlib.Path) -> None:
+    """Create the database file (and its directory) for its owner only; tighten an existing one."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)  # no O_EXCL: another worker may create it too
+    try:
+        os.fchmod(fd, 0o600)
+    except PermissionError:
+        pass  # not ours to change; SQLite still opens it
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        derived = path.with_name(path.name + suffix)
+        try:
+            os.chmod(derived, 0o600)
+        except (FileNotFoundError, PermissionError):
+            pass
 
 
 def _retry_locked(step: Any, *, budget: float = 30.0) -> None:

@@ -28,13 +28,22 @@ import trio
 from quart.wrappers.response import ResponseBody
 
 from ..backend import ChatBackend
-from ..errors import BackendStatusError, BackendStreamError, GatewayError, InternalError, error_json
-from .chunks import DONE, ChunkDecoder
+from ..errors import BackendStatusError, BackendStreamError, GatewayError, InternalError, StoreUnavailable, error_json
+from .chunks import DONE
 from .sse import encode_comment, encode_done, encode_event
 from .toolloop import ToolLoop, ToolOutcome, next_round_body
 from .translator import ResponseTranslator, RoundCall
 
-__all__ = ["SSE_HEADERS", "DeferredHeadBody", "EventChannelBody", "ResponseEventStream", "StreamOutcome", "collect_response", "fail_with"]
+__all__ = [
+    "SSE_HEADERS",
+    "DeferredHeadBody",
+    "EventChannelBody",
+    "ResponseEventStream",
+    "StreamOutcome",
+    "collect_response",
+    "fail_with",
+    "store_before_terminal",
+]
 
 log = logging.getLogger("gateway.relay")
 
@@ -281,28 +290,18 @@ class ResponseEventStream(EventChannelBody):
         try:
             async with self._backend.open_chat_stream(body) as upstream:
                 self._upstream_answered.set()
-                decoder = ChunkDecoder()
                 eager = _EAGER_BATCHES
                 window_end = trio.current_time() + _BATCH_WINDOW
-                async for data in upstream:
-                    batch = decoder.decode(data)
-                    if batch:
-                        await _send_soon(chunk_send, batch)
-                        # Batching buys throughput but must not hold
-                        # tokens back: the first batches leave at once,
-                        # later ones at least every _BATCH_WINDOW.
-                        if eager or trio.current_time() >= window_end:
-                            eager = max(0, eager - 1)
-                            await trio.lowlevel.checkpoint()
-                            window_end = trio.current_time() + _BATCH_WINDOW
-                    if decoder.finished:
-                        if decoder.saw_done:
-                            await _drain(upstream)
-                        return
-                batch = decoder.flush()
-                if batch:
-                    await chunk_send.send(batch)
-                if not decoder.finished:
+                async for batch in upstream:
+                    await _send_soon(chunk_send, batch)
+                    # Batching buys throughput but must not hold tokens
+                    # back: the first batches leave at once, later ones at
+                    # least every _BATCH_WINDOW.
+                    if eager or trio.current_time() >= window_end:
+                        eager = max(0, eager - 1)
+                        await trio.lowlevel.checkpoint()
+                        window_end = trio.current_time() + _BATCH_WINDOW
+                if not upstream.saw_done:
                     await chunk_send.send(_EOF)
         except GatewayError as error:
             self._upstream_error = error
@@ -400,16 +399,38 @@ class ResponseEventStream(EventChannelBody):
         # The terminal event is last: everything before it goes out, then the
         # response is stored, then the terminal event tells the client it may
         # continue from this response.
-        self._log += events
+        log_ = self._log
+        log_ += events
         if len(events) > 1:
             await _send_soon(out_send, _encode(events[:-1]))
-        assert self._on_terminal is not None
-        try:
-            await self._on_terminal(self._log)
-        except Exception:
-            log.warning("storing response %s failed", translator.response.get("id"))
+        on_terminal = self._on_terminal
+        assert on_terminal is not None
+        tail = await store_before_terminal(translator, events[-1:], lambda: on_terminal(log_))
+        log_[-1:] = tail
+        await _send_soon(out_send, _encode(tail))
+
+
+async def store_before_terminal(
+    translator: ResponseTranslator, terminal: list[dict[str, Any]], store: Callable[[], Awaitable[None]]
+) -> list[dict[str, Any]]:
+    """What ends the response once `store` has run: the held-back `terminal`
+    event, or, when storing failed, `error` (`store_unavailable`) and
+    `response.failed` in its place, so that no client is told it may
+    continue from a response that was not kept."""
+    try:
+        await store()
+    except Exception as exc:
+        log.warning("response %s could not be stored (%s)", translator.response.get("id"), type(exc).__name__)
+        if not isinstance(exc, StoreUnavailable):
             log.debug("store failure", exc_info=True)
-        await _send_soon(out_send, _encode(events[-1:]))
+        return translator.retract_terminal(StoreUnavailable.code or "store_unavailable", _NOT_STORED) or terminal
+    return terminal
+
+
+_NOT_STORED = (
+    "The response was generated but could not be stored, so it cannot be retrieved or continued; "
+    "retry the request."
+)
 
 
 async def _send_soon(channel: trio.MemorySendChannel[Any], value: Any) -> None:
@@ -426,27 +447,11 @@ async def _send_soon(channel: trio.MemorySendChannel[Any], value: Any) -> None:
         await channel.send(value)
 
 
-_DRAIN_GRACE = 0.05
 _MAX_HEAD_WAIT = 1.0
 # While the backend's bytes are already buffered the reader does not yield on
 # its own; it is made to, so that no token waits longer than this to be sent.
 _BATCH_WINDOW = 0.0005
 _EAGER_BATCHES = 2
-
-
-async def _drain(upstream: Any) -> None:
-    """Read the body's end after `[DONE]` so the connection can be reused.
-
-    Usually the chunked terminator arrived with `[DONE]` and this returns at
-    once, before the translator (woken by the batch just queued) runs and
-    cancels the reader; if it must wait for the network it is cancelled and
-    the connection is simply closed.
-    """
-    try:
-        async for _ in upstream:
-            pass
-    except GatewayError:
-        pass
 
 
 def _cut() -> BackendStreamError:
@@ -558,17 +563,13 @@ async def collect_response(
             keep(events)
 
         async with backend.open_chat_stream(body) as upstream:
-            decoder = ChunkDecoder()
-            async for data in upstream:
-                record(_translate_message(translator, decoder.decode(data), end))
-                if decoder.finished or translator.done:
-                    if decoder.saw_done:
-                        with trio.move_on_after(_DRAIN_GRACE):
-                            await _drain(upstream)
+            async for batch in upstream:
+                record(_translate_message(translator, batch, end))
+                if translator.done and not upstream.saw_done:
                     break
             else:
-                record(_translate_message(translator, decoder.flush(), end))
-                record(_translate_message(translator, _EOF, end))
+                if not upstream.saw_done:
+                    record(_translate_message(translator, _EOF, end))
         if end is not None and end.ended and loop is not None:
             end.ended = False
             closing, calls = translator.end_round()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import orjson
 
-__all__ = ["SSEDecoder", "SSEEvent", "SSETooLarge", "encode_comment", "encode_done", "encode_event"]
+__all__ = ["SSEDecoder", "SSEEvent", "SSETooLarge", "encode_comment", "encode_done", "encode_event", "event_json"]
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
@@ -126,7 +126,33 @@ def encode_event(event: dict) -> bytes:
     orjson escapes nothing that could break a line: it never emits a raw CR
     or LF inside a JSON document.
     """
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    return b"event: " + event["type"].encode() + b"\ndata: " + event_json(event) + b"\n\n"
+
+
+def event_json(event: dict) -> bytes:
+    """One event as JSON, always.
+
+    Requests are refused when they nest too deeply, but an event can still
+    carry what a backend or an MCP server sent (a tool schema).  Rather
+    than fail the stream, parts nested beyond what the encoder takes are
+    cut, and values it cannot encode become strings.
+    """
+    try:
+        return orjson.dumps(event)
+    except TypeError:
+        return orjson.dumps(_cut_deep(event, _SAFE_DEPTH), default=str)
+
+
+_SAFE_DEPTH = 100
+_CUT = "[nested too deeply]"
+
+
+def _cut_deep(value: object, levels: int) -> object:
+    if isinstance(value, dict):
+        return {key: _cut_deep(item, levels - 1) for key, item in value.items()} if levels else _CUT
+    if isinstance(value, list):
+        return [_cut_deep(item, levels - 1) for item in value] if levels else _CUT
+    return value
 
 
 def encode_comment(text: str = "keep-alive") -> bytes:

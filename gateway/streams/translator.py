@@ -33,7 +33,7 @@ import orjson
 
 from ..errors import error_fields
 
-__all__ = ["ResponseTranslator", "RoundCall", "random_id", "sum_usage", "usage_from_chat"]
+__all__ = ["ResponseTranslator", "RoundCall", "chunk_problem", "fail_recorded", "random_id", "sum_usage", "usage_from_chat"]
 
 Event = dict[str, Any]
 
@@ -74,6 +74,31 @@ def sum_usage(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> dict[
     return out
 
 
+def _error_fields(code: str, message: str, type: str, param: str | None) -> dict[str, Any]:
+    """The `error` event's payload.  The spec nests it under "error"; OpenAI's
+    SDKs read the same fields at the top level.  Both are sent."""
+    return {"error": {"type": type, "code": code, "message": message, "param": param}, "code": code, "message": message, "param": param}
+
+
+def fail_recorded(response: dict[str, Any], events: list[Event], code: str, message: str) -> list[Event]:
+    """`error` + `response.failed` for a response known only from its stored record.
+
+    Used when the process that ran it is gone (a background response whose
+    lease expired): `response` becomes failed, its output what the recorded
+    events finished, and the returned events continue the recorded sequence.
+    """
+    done = [e for e in events if e.get("type") == "response.output_item.done"]
+    done.sort(key=lambda e: e.get("output_index", 0))
+    response.update(
+        status="failed", error={"code": code, "message": message}, output=[e["item"] for e in done], completed_at=None
+    )
+    seq = events[-1]["sequence_number"] + 1 if events else 0
+    return [
+        {"type": "error", "sequence_number": seq, **_error_fields(code, message, "server_error", None)},
+        {"type": "response.failed", "sequence_number": seq + 1, "response": dict(response)},
+    ]
+
+
 def random_id(prefix: str) -> str:
     """The default id factory: `prefix_` and 32 random hex digits."""
     return f"{prefix}_{secrets.token_hex(16)}"
@@ -105,6 +130,108 @@ def usage_from_chat(usage: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def chunk_problem(chunk: Any) -> str | None:
+    """What makes `chunk` something the Chat Completions protocol does not allow, or None.
+
+    Only the fields the gateway reads are judged, and only by type: extra
+    fields, missing ones and nulls are fine.  A backend's variations that
+    clients meet in practice pass: `message` for `delta`, content as a list
+    of text parts, tool-call arguments as a JSON object.
+    """
+    if not isinstance(chunk, dict):
+        return f"a chunk must be a JSON object, not {_kind(chunk)}"
+    usage = chunk.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        return f"'usage' must be an object, not {_kind(usage)}"
+    choices = chunk.get("choices")
+    if choices is None:
+        return None
+    if not isinstance(choices, list):
+        return f"'choices' must be a list, not {_kind(choices)}"
+    for choice in choices:
+        if not isinstance(choice, dict):
+            return f"a choice must be an object, not {_kind(choice)}"
+        finish = choice.get("finish_reason")
+        if finish is not None and not isinstance(finish, str):
+            return f"'finish_reason' must be a string, not {_kind(finish)}"
+        delta = choice.get("delta")
+        if delta is None:
+            delta = choice.get("message")
+        if delta is None:
+            continue
+        if not isinstance(delta, dict):
+            return f"'delta' must be an object, not {_kind(delta)}"
+        for name in ("reasoning_content", "refusal"):
+            value = delta.get(name)
+            if value is not None and not isinstance(value, str):
+                return f"'delta.{name}' must be a string, not {_kind(value)}"
+        content = delta.get("content")
+        if content is not None and not isinstance(content, str):
+            if not (isinstance(content, list) and all(isinstance(part, dict) for part in content)):
+                return f"'delta.content' must be a string, not {_kind(content)}"
+        tool_calls = delta.get("tool_calls")
+        if tool_calls is not None:
+            if not isinstance(tool_calls, list):
+                return f"'delta.tool_calls' must be a list, not {_kind(tool_calls)}"
+            for call in tool_calls:
+                problem = _call_problem(call, "delta.tool_calls[]")
+                if problem is not None:
+                    return problem
+        function_call = delta.get("function_call")
+        if function_call is not None:
+            problem = _function_problem(function_call, "delta.function_call")
+            if problem is not None:
+                return problem
+    return None
+
+
+def _call_problem(call: Any, where: str) -> str | None:
+    if not isinstance(call, dict):
+        return f"'{where}' must be an object, not {_kind(call)}"
+    index = call.get("index")
+    if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
+        return f"'{where}.index' must be an integer, not {_kind(index)}"
+    call_id = call.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        return f"'{where}.id' must be a string, not {_kind(call_id)}"
+    function = call.get("function")
+    return None if function is None else _function_problem(function, f"{where}.function")
+
+
+def _function_problem(function: Any, where: str) -> str | None:
+    if not isinstance(function, dict):
+        return f"'{where}' must be an object, not {_kind(function)}"
+    name = function.get("name")
+    if name is not None and not isinstance(name, str):
+        return f"'{where}.name' must be a string, not {_kind(name)}"
+    arguments = function.get("arguments")
+    if arguments is not None and not isinstance(arguments, (str, dict)):
+        return f"'{where}.arguments' must be a string, not {_kind(arguments)}"
+    return None
+
+
+def _kind(value: Any) -> str:
+    """The JSON type of a decoded value, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+def _parts_text(parts: list[dict[str, Any]]) -> str:
+    """The text of content given as a list of parts (some backends stream it so)."""
+    return "".join(
+        part["text"] for part in parts if part.get("type") in ("text", "output_text") and isinstance(part.get("text"), str)
+    )
 
 
 class _Message:
@@ -218,11 +345,17 @@ class ResponseTranslator:
         ]
 
     def feed(self, chunk: Any) -> list[Event]:
-        """Events for one decoded Chat Completions chunk."""
+        """Events for one decoded Chat Completions chunk.
+
+        A chunk the protocol does not allow (see `chunk_problem`) fails the
+        response with `backend_error` naming what was wrong.
+        """
         if self.done:
             return []
         events = self.start() if not self.started else []
-        if not isinstance(chunk, dict):
+        problem = chunk_problem(chunk)
+        if problem is not None:
+            events += self.fail("backend_error", f"The backend sent an invalid chunk: {problem}.")
             return events
         error = chunk.get("error")
         if error is not None and not chunk.get("choices"):
@@ -235,34 +368,33 @@ class ResponseTranslator:
         if usage:
             self._usage = usage
         choices = chunk.get("choices")
-        if not choices or not isinstance(choices, list):
+        if not choices:
             return events
         choice = choices[0]
-        if not isinstance(choice, dict):
-            return events
         delta = choice.get("delta") or choice.get("message")
-        if isinstance(delta, dict):
+        if delta:
             reasoning = delta.get("reasoning_content")
             if reasoning is None:
                 reasoning = delta.get("reasoning")
             if isinstance(reasoning, str) and reasoning:
                 self._on_reasoning(reasoning, events)
             content = delta.get("content")
-            if isinstance(content, str) and content:
+            if content and not isinstance(content, str):
+                content = _parts_text(content)
+            if content:
                 self._on_text("output_text", content, events)
             refusal = delta.get("refusal")
-            if isinstance(refusal, str) and refusal:
+            if refusal:
                 self._on_text("refusal", refusal, events)
             tool_calls = delta.get("tool_calls")
-            if isinstance(tool_calls, list):
+            if tool_calls:
                 for call in tool_calls:
-                    if isinstance(call, dict):
-                        self._on_tool_call(call, events)
+                    self._on_tool_call(call, events)
             function_call = delta.get("function_call")
-            if isinstance(function_call, dict):
+            if function_call:
                 self._on_tool_call({"index": "legacy", "function": function_call}, events)
         finish_reason = choice.get("finish_reason")
-        if isinstance(finish_reason, str) and finish_reason:
+        if finish_reason:
             self._finish_reason = finish_reason
         return events
 
@@ -306,18 +438,35 @@ class ResponseTranslator:
         events = self.start() if not self.started else []
         self._close_all("incomplete", events)
         self._fail_pending_mcp("the response failed before the tool call finished", events)
-        error = {"type": type, "code": code, "message": message, "param": param}
-        # The spec nests the payload under "error"; OpenAI's SDKs read the
-        # same fields at the top level.  Both are sent.
-        events.append(self._event("error", error=error, code=code, message=message, param=param))
         response = self.response
         response["output"] = self._final_output()
         response["usage"] = usage_from_chat(self._total_usage())
-        response["status"] = "failed"
-        response["error"] = {"code": code, "message": message}
-        events.append(self._event("response.failed", response=self._snapshot()))
+        events += self._failure(code, message, type=type, param=param)
         self.done = True
         return events
+
+    def retract_terminal(self, code: str, message: str, *, type: str = "server_error") -> list[Event]:
+        """Replace the terminal event just returned, which was never sent, by a failure.
+
+        For a response that ended but could not be stored: the caller held
+        its terminal event back, and sends `error` + `response.failed` in its
+        place (same sequence number onwards, output and usage kept).
+        """
+        if not self.done or self.response.get("status") == "failed":
+            return []
+        self._seq -= 1  # the withheld event's number is given to the failure
+        response = self.response
+        response["completed_at"] = None
+        response["incomplete_details"] = None
+        return self._failure(code, message, type=type)
+
+    def _failure(self, code: str, message: str, *, type: str = "server_error", param: str | None = None) -> list[Event]:
+        self.response["status"] = "failed"
+        self.response["error"] = {"code": code, "message": message}
+        return [
+            self._event("error", **_error_fields(code, message, type, param)),
+            self._event("response.failed", response=self._snapshot()),
+        ]
 
     # ------------------------------------------------------------ mcp tools
 
