@@ -1,7 +1,25 @@
-"""Logging set-up: stderr and an optional file, one format.
+"""Logging set-up: stderr and an optional file, one format, one formatter.
 
 INFO carries one line per request and life-cycle messages; never prompt
-text, never a traceback (tracebacks go to DEBUG only).
+text, never a traceback (tracebacks go to DEBUG only).  Every record, the
+gateway's and the libraries' (hypercorn, mcp, httpx2, trio), goes through
+`SafeFormatter`: one record is one line, and configured secrets never
+reach the log.
+
+Escaping, applied to the formatted line (time, level, logger name, message):
+
+- backslash becomes `\\\\`, so every backslash in a line starts an escape and
+  a client cannot forge one (the line can be unescaped exactly);
+- LF, CR and TAB become `\\n`, `\\r`, `\\t`;
+- other C0 controls, DEL and the C1 controls U+0080-U+009F (NEL among them)
+  become `\\xNN`;
+- LINE SEPARATOR and PARAGRAPH SEPARATOR become `\\u2028` and `\\u2029`.
+
+A DEBUG traceback (or stack) follows its line with its newlines kept,
+everything else escaped the same way, and each of its lines indented by two
+spaces: only a record's first line starts at the left margin, so an
+exception message cannot forge a record either.  Below DEBUG a record with
+an exception gets only ` (ExceptionType)` appended.
 """
 
 from __future__ import annotations
@@ -9,22 +27,97 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import re
+from collections.abc import Iterable
 
 from .config import Settings
+from .redact import Redactor
 
-__all__ = ["configure_logging"]
+__all__ = ["SafeFormatter", "add_log_secrets", "configure_logging", "escape_control", "set_log_redactor"]
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 _MARK = "_gateway_handler"
 
+_ESCAPES: dict[int, str] = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)]}
+_ESCAPES.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r", 0x5C: "\\\\", 0x2028: "\\u2028", 0x2029: "\\u2029"})
+_NEEDS_ESCAPE = re.compile("[\x00-\x1f\x7f-\x9f\\\\\u2028\u2029]")
+_MULTILINE_ESCAPES = {code: text for code, text in _ESCAPES.items() if code != 0x0A}
 
-def configure_logging(settings: Settings) -> None:
-    """Idempotent: safe to call once per process (workers call it too)."""
+
+def escape_control(text: str) -> str:
+    """`text` on one line: control characters and backslashes escaped (module docstring)."""
+    return text.translate(_ESCAPES) if _NEEDS_ESCAPE.search(text) else text
+
+
+def _escape_multiline(text: str) -> str:
+    return text.translate(_MULTILINE_ESCAPES) if _NEEDS_ESCAPE.search(text) else text
+
+
+class SafeFormatter(logging.Formatter):
+    """The gateway's formatter: one line per record, secrets redacted.
+
+    `tracebacks` is true only when the configured level is DEBUG.  The
+    record itself is left as the standard formatter leaves it (no cached
+    `exc_text`), so other handlers see the original.
+    """
+
+    def __init__(self, redactor: Redactor | None = None, *, tracebacks: bool = False) -> None:
+        super().__init__(_FORMAT)
+        self.redactor = redactor if redactor is not None else Redactor(())
+        self.tracebacks = tracebacks
+
+    def format(self, record: logging.LogRecord) -> str:
+        redactor = self.redactor  # read once: the app may swap it from another thread
+        record.message = record.getMessage()
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        # Redact before escaping (a secret may hold a control character) and after
+        # (escaping must not assemble a secret that was not there as such).
+        line = redactor.redact(escape_control(redactor.redact(self.formatMessage(record))))
+        exc_info = record.exc_info
+        if self.tracebacks:
+            if exc_info and exc_info[0] is not None:
+                line += "\n" + self._detail(self.formatException(exc_info), redactor)
+            elif record.exc_text:
+                line += "\n" + self._detail(record.exc_text, redactor)
+            if record.stack_info:
+                line += "\n" + self._detail(self.formatStack(record.stack_info), redactor)
+        elif exc_info and exc_info[0] is not None:
+            line += f" ({exc_info[0].__name__})"
+        return line
+
+    @staticmethod
+    def _detail(text: str, redactor: Redactor) -> str:
+        text = redactor.redact(_escape_multiline(redactor.redact(text.rstrip("\n"))))
+        return "  " + text.replace("\n", "\n  ")
+
+
+def configure_logging(settings: Settings, *, redactor: Redactor | None = None) -> Redactor:
+    """Route every logger through the gateway's handlers; returns the redactor in use.
+
+    The handlers sit on the root logger (libraries: WARNING, or DEBUG when
+    LOG_LEVEL is DEBUG) and on "gateway" (LOG_LEVEL, not propagating), so
+    `logging.lastResort` never prints a library's error.  `redactor`
+    defaults to `Redactor.from_settings(settings)`.  Idempotent: calling it
+    again replaces (and closes) the handlers it installed before.
+    """
+    redactor = Redactor.from_settings(settings) if redactor is None else redactor
+    level = logging.getLevelName(settings.log_level)
+    debug = level == logging.DEBUG
+    library_level = logging.DEBUG if debug else max(logging.WARNING, level)
+    root = logging.getLogger()
     logger = logging.getLogger("gateway")
-    logger.setLevel(settings.log_level)
-    for handler in list(logger.handlers):
-        if getattr(handler, _MARK, False):
-            logger.removeHandler(handler)
+
+    old: list[logging.Handler] = []
+    for target in (root, logger):
+        for handler in list(target.handlers):
+            if getattr(handler, _MARK, False):
+                target.removeHandler(handler)
+                if handler not in old:
+                    old.append(handler)
+    for handler in old:
+        handler.close()
+
     handlers: list[logging.Handler] = [logging.StreamHandler()]
     if settings.log_file_path:
         directory = os.path.dirname(settings.log_file_path)
@@ -33,9 +126,36 @@ def configure_logging(settings: Settings) -> None:
         handlers.append(
             logging.handlers.RotatingFileHandler(settings.log_file_path, maxBytes=10 * 1024 * 1024, backupCount=3)
         )
+    formatter = SafeFormatter(redactor, tracebacks=debug)
     for handler in handlers:
-        handler.setFormatter(logging.Formatter(_FORMAT))
+        handler.setFormatter(formatter)
         setattr(handler, _MARK, True)
+        root.addHandler(handler)
         logger.addHandler(handler)
-    logger.propagate = False
-    logging.getLogger("hypercorn.error").setLevel(max(logging.WARNING, logger.level))
+    root.setLevel(library_level)
+    logger.setLevel(level)
+    logger.propagate = False  # its records reach the same handlers directly, once
+    logging.getLogger("hypercorn.error").setLevel(library_level)
+    return redactor
+
+
+def set_log_redactor(redactor: Redactor) -> None:
+    """Use `redactor` in every handler `configure_logging` installed."""
+    for formatter in _formatters():
+        formatter.redactor = redactor
+
+
+def add_log_secrets(secrets: Iterable[str]) -> None:
+    """Redact these secrets too (MCP header values, say) in the installed handlers."""
+    secrets = list(secrets)
+    for formatter in _formatters():
+        formatter.redactor = formatter.redactor.with_secrets(secrets)
+
+
+def _formatters() -> list[SafeFormatter]:
+    found: list[SafeFormatter] = []
+    for handler in logging.getLogger().handlers:
+        formatter = handler.formatter
+        if getattr(handler, _MARK, False) and isinstance(formatter, SafeFormatter) and formatter not in found:
+            found.append(formatter)
+    return found

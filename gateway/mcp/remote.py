@@ -185,6 +185,11 @@ def check_url_allowed(url: str, allow: Sequence[str], *, addresses: Iterable[str
     `"127.0.0.1"`, `"10.0.0.0/8"`).  A host name given without addresses is
     not judged by its addresses.
 
+    An IPv6 address that embeds an IPv4 address (IPv4-mapped, 6to4, Teredo,
+    NAT64 `64:ff9b::/96`, IPv4-compatible) is judged by that IPv4 address,
+    since it can route to it; an allow-list entry may name either form.  The
+    local-use NAT64 prefix `64:ff9b:1::/48` is refused unless allow-listed.
+
     Raises:
         ValueError: saying why the URL is refused.
     """
@@ -200,13 +205,16 @@ def check_url_allowed(url: str, allow: Sequence[str], *, addresses: Iterable[str
             candidates = [ipaddress.IPv4Address("127.0.0.1")]
     networks = _allowed_networks(allow)
     for address in candidates:
-        reason = _non_public(address)
+        embedded = _embedded_ipv4(address)
+        judged = address if embedded is None else embedded
+        reason = _non_public(judged)
         if reason is None:
             continue
-        if any(_within(address, network) for network in networks):
+        if any(_within(address, network) or _within(judged, network) for network in networks):
             continue
+        shown = str(address) if embedded is None else f"{embedded} embedded in {address}"
         raise ValueError(
-            f"the MCP server URL {url!r} points to a {reason} address ({address}); "
+            f"the MCP server URL {url!r} points to a {reason} address ({shown}); "
             "add the host or its network to the allow-list to permit it"
         )
 
@@ -261,12 +269,29 @@ def _allowed_networks(allow: Sequence[str]) -> list[ipaddress.IPv4Network | ipad
 
 def _ip(text: str) -> IPAddress | None:
     try:
-        address = ipaddress.ip_address(text.split("%", 1)[0])  # drop an IPv6 zone id
+        return ipaddress.ip_address(text.split("%", 1)[0])  # drop an IPv6 zone id
     except ValueError:
         return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052 well-known prefix: the last 32 bits
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215: the IPv4 part may sit anywhere
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # deprecated `::a.b.c.d`
+
+
+def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address routes to, if it embeds one."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return None
+    if address.ipv4_mapped is not None:
         return address.ipv4_mapped
-    return address
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]  # (server, client): traffic goes to the client
+    if address in _NAT64 or (address in _IPV4_COMPATIBLE and int(address) > 1):  # not :: or ::1
+        return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+    return None
 
 
 def _within(address: IPAddress, network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
@@ -274,6 +299,8 @@ def _within(address: IPAddress, network: ipaddress.IPv4Network | ipaddress.IPv6N
 
 
 def _non_public(address: IPAddress) -> str | None:
+    if address.version == 6 and address in _NAT64_LOCAL:
+        return "local-use NAT64"
     if address.is_unspecified:
         return "unspecified"
     if address.is_loopback:

@@ -399,14 +399,14 @@ class ResponseEventStream(EventChannelBody):
         # The terminal event is last: everything before it goes out, then the
         # response is stored, then the terminal event tells the client it may
         # continue from this response.
-        log_ = self._log
-        log_ += events
+        recorded = self._log
+        recorded += events
         if len(events) > 1:
             await _send_soon(out_send, _encode(events[:-1]))
         on_terminal = self._on_terminal
         assert on_terminal is not None
-        tail = await store_before_terminal(translator, events[-1:], lambda: on_terminal(log_))
-        log_[-1:] = tail
+        tail = await store_before_terminal(translator, events[-1:], lambda: on_terminal(recorded))
+        recorded[-1:] = tail
         await _send_soon(out_send, _encode(tail))
 
 
