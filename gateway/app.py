@@ -29,6 +29,8 @@ from .background import BackgroundRunner, queued_snapshot
 from .chat_loop import ChatLoopStream, run_chat_loop
 from .config import Settings
 from .errors import GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
+from .logs import add_log_secrets
+from .redact import Redactor
 from .sealing import Sealer
 from .store import ResponseStore, open_store
 from .store.base import save_retrying
@@ -128,8 +130,17 @@ def create_app(
     @app.before_serving
     async def _open_resources() -> None:
         nonlocal owned, owned_store
+        servers = None
+        redactor = Redactor.from_settings(settings)
+        if mcp is None and settings.mcp_servers_config_path:
+            from .mcp import load_mcp_config
+
+            servers = load_mcp_config(settings.mcp_servers_config_path)
+            secrets = [secret for server in servers.values() for secret in server.secrets()]
+            redactor = redactor.with_secrets(secrets)
+            add_log_secrets(secrets)
         if backend is None:
-            owned = OpenAICompatibleBackend(settings)
+            owned = OpenAICompatibleBackend(settings, redactor=redactor)
             app.backend = owned
         if store is None:
             owned_store = open_store(settings)
@@ -145,11 +156,11 @@ def create_app(
         await app.nursery.start(app.runner.run)
         if mcp is not None:
             app.mcp = mcp
-        elif settings.mcp_servers_config_path:
-            from .mcp import MCPManager, load_mcp_config
+        elif servers is not None:
+            from .mcp import MCPManager
 
             manager = MCPManager(
-                load_mcp_config(settings.mcp_servers_config_path),
+                servers,
                 refresh_interval=settings.mcp_tool_refresh_interval,
                 init_timeout=settings.mcp_connect_timeout,
             )

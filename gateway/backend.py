@@ -19,9 +19,10 @@ import trio
 
 from .config import Settings
 from .errors import BackendStatusError, BackendTimeout, GatewayError, backend_error_from, map_backend_errors
+from .redact import Redactor
 from .streams.chunks import ChunkDecoder
 
-__all__ = ["ChatBackend", "ChatStream", "OpenAICompatibleBackend", "passthrough_response_headers"]
+__all__ = ["ChatBackend", "ChatStream", "OpenAICompatibleBackend", "PassthroughResponse"]
 
 _MAX_ERROR_BODY = 64 * 1024
 
@@ -46,7 +47,9 @@ class ChatStream:
     which.
 
     The read timeout counts data, not bytes: comments, keep-alives or a
-    trickle of bytes that completes no chunk do not extend it.
+    trickle of bytes that completes no chunk do not extend it.  The
+    adapter's secrets (its key) are redacted before anything is decoded: a
+    backend that echoes request headers into an error cannot leak them.
 
     Raises (from iteration):
         BackendTimeout: no chunk for `data_timeout` seconds.
@@ -55,9 +58,10 @@ class ChatStream:
         BackendUnavailable: the connection was lost.
     """
 
-    def __init__(self, response: httpx2.Response, *, data_timeout: float) -> None:
+    def __init__(self, response: httpx2.Response, *, data_timeout: float, redactor: Redactor) -> None:
         self.status = response.status_code
         self._chunks = response.stream.__aiter__()  # type: ignore[union-attr]
+        self._redact = redactor.stream()
         self._decoder = ChunkDecoder()
         self._timeout = data_timeout
         self._deadline = trio.current_time() + data_timeout
@@ -90,13 +94,13 @@ class ChatStream:
                     data = await self._chunks.__anext__()
                 except StopAsyncIteration:
                     self._ended = True
-                    batch = decoder.flush()
+                    batch = decoder.decode(self._redact.flush()) + decoder.flush()
                     if not batch:
                         raise
                     return self._deliver(batch)
                 except httpx2.TransportError as exc:
                     raise backend_error_from(exc) from exc
-                batch = decoder.decode(data)
+                batch = decoder.decode(self._redact.feed(data))
                 if batch:
                     return self._deliver(batch)
         raise BackendTimeout(f"the backend sent no data for {self._timeout:g} s")
@@ -131,6 +135,47 @@ class ChatStream:
 _DRAIN_GRACE = 0.05
 
 
+class PassthroughResponse:
+    """A backend's answer to a passthrough request: status, headers and body, secrets redacted.
+
+    Iterating gives the body's bytes as they arrive.
+
+    Raises (from iteration):
+        BackendUnavailable: the connection was lost mid-body.
+    """
+
+    def __init__(self, response: httpx2.Response, redactor: Redactor) -> None:
+        self.status = response.status_code
+        self.headers = {
+            name: redactor.redact(value)
+            for name, value in response.headers.items()
+            if name.lower() not in _DROP_RESPONSE_HEADERS
+        }
+        self._chunks = response.aiter_bytes()
+        self._redact = redactor.stream()
+        self._ended = False
+
+    def __aiter__(self) -> PassthroughResponse:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._ended:
+            try:
+                data = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                self._ended = True
+                data = self._redact.flush()
+                if data:
+                    return data
+                break
+            except httpx2.TransportError as exc:
+                raise backend_error_from(exc) from exc
+            data = self._redact.feed(data)
+            if data:
+                return data
+        raise StopAsyncIteration
+
+
 class ChatBackend(Protocol):
     def open_chat_stream(self, body: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[ChatStream]:
         """Start a streaming chat completion.
@@ -143,8 +188,12 @@ class ChatBackend(Protocol):
 
     def open_passthrough(
         self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
-    ) -> contextlib.AbstractAsyncContextManager[httpx2.Response]:
-        """Forward any other `/v1/{path}` request as it is."""
+    ) -> contextlib.AbstractAsyncContextManager[PassthroughResponse]:
+        """Forward any other `/v1/{path}` request as it is (`path`: normalised, percent-encoded).
+
+        Raises:
+            BackendError: it could not be reached or timed out.
+        """
         ...
 
 
@@ -157,7 +206,8 @@ class OpenAICompatibleBackend:
     everything else the gateway does.  Passthrough requests use the client.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, redactor: Redactor | None = None) -> None:
+        self._redactor = redactor if redactor is not None else Redactor.from_settings(settings)
         self._pool = _ShardedPool(settings.upstream_max_connections)
         self._transport = self._pool.transports[0]
         timeout = httpx2.Timeout(
@@ -207,8 +257,9 @@ class OpenAICompatibleBackend:
         payload = orjson.dumps(body)
         async with self._send(lambda: self._chat_request(payload)) as response:
             if response.status_code >= 400:
-                raise BackendStatusError.from_body(response.status_code, await _read_bounded(response))
-            yield ChatStream(response, data_timeout=self._data_timeout)
+                error_body = self._redactor.redact_bytes(await _read_bounded(response))
+                raise BackendStatusError.from_body(response.status_code, error_body)
+            yield ChatStream(response, data_timeout=self._data_timeout, redactor=self._redactor)
 
     def _chat_request(self, payload: bytes) -> httpx2.Request:
         return httpx2.Request(
@@ -237,7 +288,7 @@ class OpenAICompatibleBackend:
     @contextlib.asynccontextmanager
     async def open_passthrough(
         self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
-    ) -> AsyncIterator[httpx2.Response]:
+    ) -> AsyncIterator[PassthroughResponse]:
         url = f"{self._v1}/{path.lstrip('/')}"
         if query:
             url += "?" + query.decode("latin-1")
@@ -247,7 +298,7 @@ class OpenAICompatibleBackend:
         with map_backend_errors():
             response = await self._client.send(request, stream=True)
         try:
-            yield response
+            yield PassthroughResponse(response, self._redactor)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await response.aclose()
@@ -306,10 +357,6 @@ def _without_reasoning_content(body: dict[str, Any]) -> dict[str, Any]:
         return body
     cleaned = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
     return {**body, "messages": cleaned}
-
-
-def passthrough_response_headers(response: httpx2.Response) -> dict[str, str]:
-    return {k: v for k, v in response.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS}
 
 
 async def _read_bounded(response: httpx2.Response) -> bytes:

@@ -52,8 +52,15 @@ class Redactor:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Redactor:
-        """The secrets of a `Settings`: backend key, sealing key, Redis credentials."""
-        return cls([settings.openai_api_key, settings.gateway_secret_key, *_url_secrets(settings.redis_url)])
+        """The secrets of a `Settings`: backend key, sealing key, Redis credentials.
+
+        The backend key's documented placeholder (`dummy-key`) is public
+        knowledge, not a secret: text that mentions it is left alone.
+        """
+        key = settings.openai_api_key
+        placeholder = type(settings).model_fields["openai_api_key"].default
+        keys = [key] if key != placeholder else []
+        return cls([*keys, settings.gateway_secret_key, *_url_secrets(settings.redis_url)])
 
     def with_secrets(self, secrets: Iterable[str]) -> Redactor:
         """A new redactor knowing these secrets too (MCP header values, say)."""

@@ -17,7 +17,7 @@ from typing import Any, cast
 import trio
 from quart import Response, current_app, request
 
-from .backend import ChatBackend, passthrough_response_headers
+from .backend import ChatBackend
 from .background import TERMINAL, BackgroundJob
 from .errors import GatewayError, InvalidRequest, RequestTooLarge, error_json
 from .store import StoredResponse
@@ -236,13 +236,13 @@ class PassthroughBody(DeferredHeadBody):
             self._error, self._status = error_json(error), error.status
         else:
             self._cm = cm
-            self._chunks = self._upstream.aiter_bytes()
+            self._chunks = self._upstream.__aiter__()
         return self
 
     async def head(self) -> tuple[int, dict[str, str]]:
         if self._upstream is None:
             return self._status, {"content-type": "application/json"}
-        return self._upstream.status_code, passthrough_response_headers(self._upstream)
+        return self._upstream.status, self._upstream.headers
 
     def __aiter__(self) -> PassthroughBody:
         return self

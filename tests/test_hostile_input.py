@@ -199,3 +199,49 @@ async def test_httpx_clients_normalising_the_path_still_reach_only_v1(gateway_ur
     r = await client.get(gateway_url + "/v1/models")
     assert r.status_code == 200
     assert [r.path for r in backend.requests] == ["/v1/models"]
+
+
+# --- the backend key never reaches a client ----------------------------------------------------
+
+SECRET = "sk-test-4f1b9c2e7d8a6b5c3e0f"
+
+
+@pytest.fixture
+async def keyed_url(start_gateway: Any) -> str:
+    return await start_gateway(openai_api_key=SECRET)  # type: ignore[no-any-return]
+
+
+async def test_a_backend_error_that_echoes_request_headers_is_passed_on_without_the_key(keyed_url, backend, client):
+    r = await client.get(keyed_url + "/v1/echo-headers")
+    assert backend.requests[-1].headers["authorization"] == f"Bearer {SECRET}"  # the backend did get it
+    assert r.status_code == 400
+    assert SECRET not in r.text and "[redacted]" in r.text
+
+
+async def test_a_chat_error_echoing_the_key_is_redacted_in_json_and_in_streams(keyed_url, client):
+    r = await client.post(keyed_url + "/v1/responses", json={"model": "echo-auth-400", "input": "hi"})
+    assert r.status_code == 400 and SECRET not in r.text and "[redacted]" in r.json()["error"]["message"]
+    status, body = await stream(client, keyed_url, {"model": "echo-auth-400", "input": "hi"})
+    assert status == 400 and SECRET not in orjson.dumps(body).decode()
+    status, frames = await stream(client, keyed_url, {"model": "echo-auth-stream", "input": "hi"})
+    final = check_stream(frames)
+    assert final["status"] == "failed" and "[redacted]" in final["error"]["message"]
+    assert SECRET not in orjson.dumps(frames).decode()
+
+
+async def test_the_documented_placeholder_key_is_not_treated_as_a_secret(gateway_url, client):
+    r = await client.get(gateway_url + "/v1/echo-headers")
+    assert "Bearer dummy-key" in r.json()["error"]["message"]
+
+
+def test_mcp_server_credentials_count_as_secrets() -> None:
+    from gateway.mcp import ServerConfig
+
+    config = ServerConfig(
+        name="s",
+        type="stdio",
+        command="x",
+        env={"API_KEY": "k-123456", "PATH": "/usr/bin"},
+        headers={"Authorization": "Bearer tok-abcdef"},
+    )
+    assert set(config.secrets()) == {"k-123456", "Bearer tok-abcdef", "tok-abcdef"}

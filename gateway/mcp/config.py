@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -34,6 +35,9 @@ _TYPES: dict[str, ServerType] = {
     "streamable-http": "streamable-http",
     "http": "streamable-http",
 }
+
+
+_CREDENTIAL_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|AUTH|CREDENTIAL", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,15 @@ class ServerConfig:
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def secrets(self) -> list[str]:
+        """Values to keep out of logs and client messages: header values, and
+        environment values whose names say they are credentials."""
+        found = list(self.headers.values())
+        found += [value for name, value in self.env.items() if _CREDENTIAL_NAME.search(name)]
+        # A header is often "Bearer <token>": the token alone is the secret too.
+        found += [value.split(None, 1)[1] for value in self.headers.values() if " " in value.strip()]
+        return found
 
 
 def load_mcp_config(path: str | os.PathLike[str]) -> dict[str, ServerConfig]:
