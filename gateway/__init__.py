@@ -7,13 +7,41 @@ Embedding in a trio program:
         url = await nursery.start(gateway.serve, settings)
 """
 
-from .app import create_app
-from .config import ConfigError, Settings, load_settings
-from .errors import GatewayError
-from .server import serve
-from .streams.translator import ResponseTranslator
-from .translate import plan_chat_request
-from .wire import parse_create_request
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .app import create_app
+    from .config import ConfigError, Settings, load_settings
+    from .errors import GatewayError
+    from .server import serve
+    from .streams.translator import ResponseTranslator
+    from .translate import plan_chat_request
+    from .wire import parse_create_request
+
+# Imported on first use: `import gateway.streams.translator` (the pure core)
+# must not load the web framework, the HTTP client or the server.
+_LAZY = {
+    "ConfigError": ".config",
+    "GatewayError": ".errors",
+    "ResponseTranslator": ".streams.translator",
+    "Settings": ".config",
+    "create_app": ".app",
+    "load_settings": ".config",
+    "parse_create_request": ".wire",
+    "plan_chat_request": ".translate",
+    "serve": ".server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'gateway' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ConfigError",

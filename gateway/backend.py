@@ -18,7 +18,13 @@ import orjson
 import trio
 
 from .config import Settings
-from .errors import BackendStatusError, BackendTimeout, GatewayError, backend_error_from, map_backend_errors
+from .errors import (
+    BackendError,
+    BackendStatusError,
+    BackendTimeout,
+    BackendUnavailable,
+    GatewayError,
+)
 from .redact import Redactor
 from .streams.chunks import ChunkDecoder
 
@@ -133,6 +139,31 @@ class ChatStream:
 
 
 _DRAIN_GRACE = 0.05
+
+
+def backend_error_from(exc: httpx2.TransportError) -> BackendError:
+    """The `BackendError` for an httpx2 transport failure.
+
+    The messages name what failed without echoing internal addresses or
+    library text to the client.
+    """
+    if isinstance(exc, httpx2.TimeoutException):
+        kind = "connecting to" if isinstance(exc, httpx2.ConnectTimeout) else "waiting for"
+        return BackendTimeout(f"timed out {kind} the backend")
+    if isinstance(exc, httpx2.ConnectError):
+        return BackendUnavailable("could not connect to the backend")
+    if isinstance(exc, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError)):
+        return BackendUnavailable("the connection to the backend was lost")
+    return BackendUnavailable("the backend could not be reached")
+
+
+@contextlib.contextmanager
+def map_backend_errors() -> Iterator[None]:
+    """Convert httpx2 exceptions raised inside the block into `BackendError`s."""
+    try:
+        yield
+    except httpx2.TransportError as exc:
+        raise backend_error_from(exc) from exc
 
 
 class PassthroughResponse:

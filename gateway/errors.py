@@ -1,9 +1,10 @@
 """The gateway's one exception hierarchy, and how errors look on the wire.
 
 Every error a client can see is a `GatewayError` carrying its HTTP status and
-its OpenAI error `type` and `code`.  Library exceptions (httpx2, pydantic) are
-converted at the edge (`map_backend_errors`, `invalid_request_from_pydantic`);
-nothing else in the code base turns exceptions into responses.
+its OpenAI error `type` and `code`.  Library exceptions are converted at the
+edge where they arise (the backend adapter maps httpx2's, the stores their
+database clients', `wire` pydantic's); this module imports none of those
+libraries, so the pure core can use it.
 
     GatewayError
     ├── InvalidRequest            400 invalid_request_error
@@ -20,11 +21,8 @@ nothing else in the code base turns exceptions into responses.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
-import httpx2
 import orjson
 
 __all__ = [
@@ -39,10 +37,8 @@ __all__ = [
     "NotFound",
     "RequestTooLarge",
     "StoreUnavailable",
-    "backend_error_from",
     "error_body",
     "error_json",
-    "map_backend_errors",
 ]
 
 
@@ -213,28 +209,3 @@ def error_body(exc: GatewayError) -> dict[str, Any]:
 
 def error_json(exc: GatewayError) -> bytes:
     return orjson.dumps(error_body(exc))
-
-
-def backend_error_from(exc: httpx2.TransportError) -> BackendError:
-    """The `BackendError` for an httpx2 transport failure.
-
-    The messages name what failed without echoing internal addresses or
-    library text to the client.
-    """
-    if isinstance(exc, httpx2.TimeoutException):
-        kind = "connecting to" if isinstance(exc, httpx2.ConnectTimeout) else "waiting for"
-        return BackendTimeout(f"timed out {kind} the backend")
-    if isinstance(exc, httpx2.ConnectError):
-        return BackendUnavailable("could not connect to the backend")
-    if isinstance(exc, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError)):
-        return BackendUnavailable("the connection to the backend was lost")
-    return BackendUnavailable("the backend could not be reached")
-
-
-@contextlib.contextmanager
-def map_backend_errors() -> Iterator[None]:
-    """Convert httpx2 exceptions raised inside the block into `BackendError`s."""
-    try:
-        yield
-    except httpx2.TransportError as exc:
-        raise backend_error_from(exc) from exc

@@ -32,3 +32,17 @@ def test_every_module_declares_its_public_names():
         assert hasattr(module, "__all__"), info.name
         for name in module.__all__:
             assert hasattr(module, name), f"{info.name}.{name}"
+
+
+def test_the_pure_core_loads_no_io_framework_or_client():
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "import gateway.streams.translator, gateway.streams.sse, gateway.streams.chunks\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'quart', 'hypercorn', 'werkzeug', 'httpx2', 'httpcore', 'cryptography', 'trio', 'redis', 'mcp'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
