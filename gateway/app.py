@@ -8,9 +8,7 @@ decisions live in `translate` and `streams`; this module wires them.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,38 +23,20 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from . import conversation, web
 from .backend import ChatBackend, OpenAICompatibleBackend
-from .background import BackgroundRunner, queued_snapshot
-from .chat_loop import ChatLoopStream, run_chat_loop
+from .background import BackgroundRunner
 from .config import Settings
-from .errors import GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
+from .errors import BackendStreamError, GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
 from .logs import add_log_secrets
 from .redact import Redactor
 from .sealing import Sealer
 from .store import ResponseStore, open_store
-from .store.base import save_retrying
-from .streams.relay import (
-    DeferredHeadBody,
-    ResponseEventStream,
-    StreamOutcome,
-    collect_response,
-    fail_with,
-    store_before_terminal,
-)
+from .streams.chat_session import ChatSession, collect_chat_completion
 from .streams.sse import encode_done, encode_event, event_json
-from .streams.toolloop import ToolLoop
-from .streams.translator import ResponseTranslator, random_id
-from .toolbox import (
-    RequestTools,
-    ToolSource,
-    gateway_tools_enabled,
-    hosted_specs,
-    listed_tool,
-    open_hosted,
-    request_tools,
-    resume_approvals,
-)
-from .translate import TranslateOptions, plan_chat_request
-from .wire import decode_json_object, parse_create_request
+from .streams.translator import random_id
+from .transport.sse import ChatCompletionStream, DeferredHeadBody, TurnEventStream
+from .turn import Resources, Turn, TurnOutcome, prepare_turn, run_rounds
+from .turn.tools import RequestTools, ToolSource, gateway_tools_enabled
+from .wire import decode_json_object, parse_create_request, validate_create_request
 
 __all__ = ["GatewayApp", "create_app"]
 
@@ -86,6 +66,7 @@ class GatewayApp(QuartTrio):
     backend: ChatBackend
     store: ResponseStore
     runner: BackgroundRunner
+    resources: Resources
     mcp: ToolSource | None = None
 
 
@@ -116,7 +97,6 @@ def create_app(
     app = GatewayApp(__name__)
     app.settings = settings
     sealer = Sealer(settings.gateway_secret_key or None)
-    options = TranslateOptions(open_sealed=sealer.open)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # long streams must never be cut by the framework
     app.config["BODY_TIMEOUT"] = max(60.0, settings.stream_timeout)
@@ -148,7 +128,6 @@ def create_app(
             await _warn_if_not_durable(owned_store)
         app.runner = BackgroundRunner(
             app.store,
-            app.backend,
             clock=clock,
             retry_seconds=settings.store_retry_seconds,
             lease_seconds=settings.background_lease_seconds,
@@ -164,9 +143,23 @@ def create_app(
                 refresh_interval=settings.mcp_tool_refresh_interval,
                 init_timeout=settings.mcp_connect_timeout,
             )
-            # Servers connect in the background: a slow or broken one blocks nothing.
             await app.nursery.start(manager.run)
+            # Serve once every server has connected or failed once (bounded by
+            # its connect timeout): a request must not race the first connection
+            # and silently get no tools; a slow or broken server blocks nothing.
+            with trio.move_on_after(settings.mcp_connect_timeout + 1):
+                await manager.wait_settled()
             app.mcp = manager
+        app.resources = Resources(
+            settings=settings,
+            backend=app.backend,
+            store=app.store,
+            mcp=app.mcp,
+            sealer=sealer,
+            clock=clock,
+            ids=ids,
+            observers=[_log_outcome],
+        )
 
     @app.after_serving
     async def _close_resources() -> None:
@@ -209,41 +202,6 @@ def create_app(
         log.debug("internal error detail", exc_info=error)
         return error_response(InternalError("The gateway failed to process the request."))
 
-    # --- one response's parts, shared by HTTP and WebSocket ----------------------
-
-    def _tool_loop(tools: Any) -> ToolLoop:
-        return ToolLoop(
-            tools,
-            max_rounds=settings.max_tool_call_iterations,
-            call_timeout=settings.mcp_call_timeout,
-            concurrency=settings.mcp_call_concurrency,
-        )
-
-    def _offer_configured_tools(plan: Any, enabled: bool, *, offer: bool = True) -> tuple[Any, ToolLoop | None]:
-        """The configured MCP tools for this request, added to the chat tools; the loop that runs them."""
-        offered = request_tools(
-            app.mcp, client_names=[t["function"]["name"] for t in plan.body.get("tools", ())], enabled=enabled
-        )
-        if not (offer and offered.routes and plan.allowed_tools is None):
-            return offered, None
-        plan.body.setdefault("tools", []).extend(offered.chat_tools)
-        return offered, _tool_loop(offered)
-
-    def _translator(req: Any, plan: Any, gateway_tools: dict[str, str] | None) -> ResponseTranslator:
-        return ResponseTranslator(
-            plan.response,
-            ids=ids,
-            clock=clock,
-            reasoning_events=settings.reasoning_events,
-            allowed_tools=plan.allowed_tools,
-            gateway_tools=gateway_tools,
-            input_tokens_estimate=lambda: len(orjson.dumps(plan.body["messages"])) // 4,
-            tool_kinds=plan.tool_kinds,
-            seal_reasoning=(lambda text: sealer.seal("reasoning", {"text": text}))
-            if "reasoning.encrypted_content" in (req.include or ())
-            else None,
-        )
-
     # --- routes -----------------------------------------------------------------
 
     @app.get("/")
@@ -257,112 +215,23 @@ def create_app(
     @app.post("/v1/responses")
     @app.post("/responses")
     async def _create_response() -> Response:
-        started = trio.current_time()
         req = parse_create_request(await web.body_bytes())
-        if req.background and req.store is False:
-            raise InvalidRequest(
-                "Background responses must be stored: 'store' cannot be false.", param="store", code="invalid_value"
-            )
-        prepared = await conversation.prepare(app.store, req, ids)
-        response_id = ids("resp")
-        plan = plan_chat_request(
-            req,
-            response_id=response_id,
-            created_at=int(clock()),
-            options=options,
-            history=prepared.history,
-            items=prepared.input,
-        )
-        keep = req.store is not False
-        specs = hosted_specs(req.tools)
-        if specs and req.background:
-            raise InvalidRequest(
-                "Hosted mcp tools cannot run in background responses yet.", param="background", code="unsupported_parameter"
-            )
-        # With hosted tools, the setup offers the configured ones too (after the hosted ones).
-        offered, loop = _offer_configured_tools(plan, _gateway_tools_enabled(req), offer=not specs)
-
-        async def _persist(events: list[dict[str, Any]]) -> None:
-            record = conversation.record_for(req, prepared, dict(translator.response), events)
-            await save_retrying(app.store, record, within=settings.store_retry_seconds)
-
-        setup = None
-        if specs:
-            client_names = {t["function"]["name"] for t in plan.body.get("tools", ())}
-            allow = [entry.strip() for entry in settings.mcp_allowed_urls.split(",") if entry.strip()]
-            configured_enabled = _gateway_tools_enabled(req)  # read here: setup runs outside the request context
-
-            async def setup(stack: Any) -> tuple[list[dict[str, Any]], ToolLoop | None]:
-                tools = RequestTools()
-                listings = await open_hosted(
-                    stack, specs, app.mcp, allow, tools, connect_timeout=settings.mcp_connect_timeout
-                )
-                configured = request_tools(
-                    app.mcp, client_names=client_names | set(tools.routes), enabled=configured_enabled
-                )
-                for tool_def in configured.chat_tools:
-                    name = tool_def["function"]["name"]
-                    tools.chat_tools.append(tool_def)
-                    tools.routes[name] = configured.routes[name]
-                    tools._sources[name] = configured._sources[name]
-                hosted_loop = _tool_loop(tools)
-                if tools.routes and plan.allowed_tools is None:
-                    plan.body.setdefault("tools", []).extend(tools.chat_tools)
-                    translator.set_gateway_tools(tools.routes, tools.approval)
-                events = translator.start()
-                for listing in listings:
-                    events += translator.list_tools(
-                        listing.spec.server_label, [listed_tool(t) for t in listing.tools], listing.error
-                    )
-                events += await resume_approvals(prepared, tools, translator, plan.body, settings.mcp_call_timeout)
-                return events, hosted_loop
-
-        translator = _translator(req, plan, offered.routes if loop is not None else None)
-        model = plan.body["model"]
+        transport = "background" if req.background else "sse" if req.stream else "json"
+        turn = await prepare_turn(app.resources, req, transport=transport, gateway_tools=_gateway_tools_enabled(req))
         if req.background:
-            record = conversation.record_for(req, prepared, queued_snapshot(translator.response), [])
-            job = await app.runner.start(record, translator, plan.body, loop)
-            _log_request(response_id, model, "queued", 200, started, None)
+            job = await app.runner.start(turn)
             if req.stream:
                 return web.event_stream(web.follow_job(job, -1))
-            return _json(orjson.dumps(record.response))
+            return _json(orjson.dumps(job.record.response))
         if req.stream:
-
-            def _log_stream(outcome: StreamOutcome) -> None:
-                _log_request(response_id, model, outcome.status, outcome.http_status, started, outcome.first_byte_at,
-                             client_left=outcome.client_left)
-
-            body = ResponseEventStream(
-                backend=app.backend,
-                body=plan.body,
-                translator=translator,
-                heartbeat_interval=settings.heartbeat_interval,
-                on_close=_log_stream,
-                on_terminal=_persist if keep else None,
-                loop=loop,
-                setup=setup,
+            response = Response(
+                TurnEventStream(turn, heartbeat_interval=settings.heartbeat_interval),
+                status=200,
+                content_type="text/event-stream",
             )
-            response = Response(body, status=200, content_type="text/event-stream")
             response.timeout = None
             return response
-        events: list[dict[str, Any]] = []
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                if setup is not None:
-                    prelude, loop = await setup(stack)
-                    events += prelude
-                final = await collect_response(app.backend, plan.body, translator, on_events=events.extend, loop=loop)
-        except GatewayError as error:
-            _log_request(response_id, model, "failed", error.status, started, None)
-            raise
-        if keep:
-            try:
-                await _persist(events)
-            except GatewayError as error:
-                _log_request(response_id, model, "failed", error.status, started, None)
-                raise
-        _log_request(response_id, model, final["status"], 200, started, None)
-        return _json(orjson.dumps(final))
+        return _json(orjson.dumps(await _run_to_end(turn)))
 
     @app.websocket("/v1/responses")
     @app.websocket("/responses")
@@ -376,8 +245,8 @@ def create_app(
                 if not await _ws_turn(raw if isinstance(raw, bytes) else raw.encode(), latest):
                     break
         if limit.cancelled_caught or trio.current_time() - opened >= settings.websocket_max_age:
-            await websocket.send(orjson.dumps(web.ws_error(400, "websocket_connection_limit_reached",
-                "This connection reached its time limit; open a new one.")).decode())
+            await _ws_send([web.ws_error(400, "websocket_connection_limit_reached",
+                "This connection reached its time limit; open a new one.")])
             await websocket.close(1000)
 
     async def _ws_turn(raw: bytes, latest: dict[str, Any]) -> bool:
@@ -396,71 +265,31 @@ def create_app(
                 return True
         body = {k: v for k, v in message.items() if k != "type"}
         previous = body.get("previous_response_id")
-        cached = latest.get(previous) if previous else None
+        cached = latest.get(previous) if isinstance(previous, str) else None
         try:
-            req = parse_create_request(orjson.dumps({**body, "previous_response_id": None} if cached is not None else body))
-            if hosted_specs(req.tools):
-                raise InvalidRequest("Hosted mcp tools are not available in WebSocket mode yet.", param="tools", code="unsupported_parameter")
-            prepared = await conversation.prepare(app.store, req, ids)
+            req = validate_create_request(body)
+            turn = await prepare_turn(
+                app.resources,
+                req,
+                transport="websocket",
+                gateway_tools=gateway_tools_enabled((req.model_extra or {}).get("gateway_tools")),
+                cached=(str(previous), cached) if cached is not None else None,
+            )
         except GatewayError as error:
             if previous:
                 latest.pop(previous, None)  # a failed continuation forgets the id
             await _ws_send([web.ws_error(error.status, error.code or "invalid_request", error.message, param=error.param)])
             return True
-        if cached is not None:
-            prepared.history = [*cached, *prepared.history]
-            req = req.model_copy(update={"previous_response_id": previous})
-        response_id = ids("resp")
-        plan = plan_chat_request(
-            req, response_id=response_id, created_at=int(clock()), options=options, history=prepared.history, items=prepared.input
-        )
-        offered, loop = _offer_configured_tools(plan, gateway_tools_enabled((req.model_extra or {}).get("gateway_tools")))
-        translator = _translator(req, plan, offered.routes if loop is not None else None)
-        events: list[dict[str, Any]] = []
-        held: list[dict[str, Any]] = []  # the terminal event, sent once the response is stored
-        send, receive = trio.open_memory_channel[list[dict[str, Any]]](math.inf)
-
-        def hold_terminal(batch: list[dict[str, Any]]) -> None:
-            if batch and translator.done:
-                batch, held[:] = batch[:-1], batch[-1:]
-            publish(batch)
-
-        def publish(batch: list[dict[str, Any]]) -> None:
-            events.extend(batch)
-            send.send_nowait(batch)
-
-        async def forward() -> None:
-            async with receive:
-                async for batch in receive:
-                    await _ws_send(batch)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(forward)
-            async with send:
-                try:
-                    await collect_response(app.backend, plan.body, translator, on_events=hold_terminal, loop=loop)
-                except GatewayError as error:
-                    if not translator.done:
-                        hold_terminal(fail_with(translator, error))
-                except Exception:
-                    log.debug("WebSocket turn failed", exc_info=True)
-                    if not translator.done:
-                        hold_terminal(fail_with(translator, InternalError("The gateway failed to process the response.")))
-                tail = held
-                if req.store is not False:
-
-                    async def _store() -> None:
-                        record = conversation.record_for(req, prepared, dict(translator.response), [*events, *held])
-                        await save_retrying(app.store, record, within=settings.store_retry_seconds)
-
-                    tail = await store_before_terminal(translator, held, _store)
-                publish(tail)
-        final = translator.response
+        await turn.run(_ws_send)
+        turn.observe()
+        final = turn.response
         if final.get("status") == "failed" and previous:
             latest.pop(previous, None)
-        history_items = [i.model_dump(exclude_none=True) for i in prepared.history]
+        history_items = [i.model_dump(exclude_none=True) for i in turn.prepared.history]
         latest.clear()  # only the latest response is kept on the connection
-        latest[response_id] = conversation.to_wire([*history_items, *prepared.input_records, *(final.get("output") or ())])
+        latest[final["id"]] = conversation.to_wire(
+            [*history_items, *turn.prepared.input_records, *(final.get("output") or ())]
+        )
         return True
 
     async def _ws_send(events: list[dict[str, Any]]) -> None:
@@ -471,21 +300,13 @@ def create_app(
     @app.post("/responses/compact")
     async def _compact() -> Response:
         """Summarise a conversation through the backend: retained user messages plus a sealed compaction item."""
-        started = trio.current_time()
         req = parse_create_request(await web.body_bytes())
-        prepared = await conversation.prepare(app.store, req, ids)
-        summarise = req.model_copy(update={"tools": None, "tool_choice": None, "text": None, "reasoning": None})
-        plan = plan_chat_request(
-            summarise,
-            response_id=ids("resp"),
-            created_at=int(clock()),
-            options=options,
-            history=prepared.history,
-            items=prepared.input,
+        summarise = req.model_copy(
+            update={"tools": None, "tool_choice": None, "text": None, "reasoning": None, "store": False, "background": False}
         )
-        plan.body["messages"].append({"role": "user", "content": _COMPACT_PROMPT})
-        translator = ResponseTranslator(plan.response, ids=ids, clock=clock)
-        final = await collect_response(app.backend, plan.body, translator)
+        turn = await prepare_turn(app.resources, summarise, transport="compact", gateway_tools=False)
+        turn.plan.body["messages"].append({"role": "user", "content": _COMPACT_PROMPT})
+        final = await _run_to_end(turn)
         summary = "".join(
             part.get("text", "")
             for item in final["output"]
@@ -494,7 +315,7 @@ def create_app(
         )
         retained = [
             record
-            for record in [*(i.model_dump(exclude_none=True) for i in prepared.history), *prepared.input_records]
+            for record in [*(i.model_dump(exclude_none=True) for i in turn.prepared.history), *turn.prepared.input_records]
             if record.get("type", "message") == "message" and record.get("role") == "user"
         ]
         compaction = {
@@ -502,7 +323,6 @@ def create_app(
             "id": ids("cmp"),
             "encrypted_content": sealer.seal("compaction", {"summary": summary}),
         }
-        _log_request(final["id"], plan.body["model"], "compacted", 200, started, None)
         return _json(
             orjson.dumps(
                 {
@@ -577,27 +397,45 @@ def create_app(
         body = decode_json_object(await web.body_bytes())
         if not isinstance(body.get("messages"), list):
             raise InvalidRequest.missing("messages")
-        own = [t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)]
         enabled = gateway_tools_enabled(body.pop("gateway_tools", True), request.headers.get("x-gateway-tools", ""))
-        offered = request_tools(app.mcp, client_names=[n for n in own if n], enabled=enabled)
-        if not offered.routes or body.get("tool_choice") == "none":
+        tools = RequestTools()
+        if enabled and app.mcp is not None and body.get("tool_choice") != "none":
+            own = {t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)}
+            for tool in app.mcp.tools():
+                if tool.name not in own:
+                    tools.add(app.mcp, tool)
+        if not tools.routes:
             passthrough = web.PassthroughBody(
                 app.backend, "POST", "chat/completions", request.query_string, dict(request.headers), orjson.dumps(body)
             )
             response = Response(passthrough)
             response.timeout = None
             return response
-        body["tools"] = [*(body.get("tools") or []), *offered.chat_tools]
-        loop = _tool_loop(offered)
-        names = set(offered.routes)
+        body["tools"] = [*(body.get("tools") or []), *tools.chat_tools]
+        session = ChatSession(body, set(tools.routes), max_rounds=settings.max_tool_call_iterations)
+        call_timeout, concurrency = settings.mcp_call_timeout, settings.mcp_call_concurrency
         if body.get("stream"):
-            stream = ChatLoopStream(
-                backend=app.backend, body=body, loop=loop, gateway_tools=names, heartbeat_interval=settings.heartbeat_interval
+            stream = ChatCompletionStream(
+                session,
+                backend=app.backend,
+                tools=tools,
+                heartbeat_interval=settings.heartbeat_interval,
+                call_timeout=call_timeout,
+                concurrency=concurrency,
             )
             response = Response(stream, content_type="text/event-stream")
             response.timeout = None
             return response
-        return _json(orjson.dumps(await run_chat_loop(app.backend, body, loop, names)))
+        chunks: list[dict[str, Any]] = []
+
+        async def collect(batch: list[dict[str, Any]]) -> None:
+            chunks.extend(batch)
+
+        failure = await run_rounds(session, app.backend, collect, tools, call_timeout=call_timeout, concurrency=concurrency)
+        errors = [chunk["error"] for chunk in chunks if "error" in chunk]
+        if errors:
+            raise failure or BackendStreamError(errors[0]["message"], code=errors[0]["code"])
+        return _json(orjson.dumps(collect_chat_completion(chunks)))
 
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def _passthrough(path: str) -> Response:
@@ -614,6 +452,31 @@ def create_app(
         return response
 
     return app
+
+
+async def _run_to_end(turn: Turn) -> dict[str, Any]:
+    """A turn without streaming: the final response, or the error the JSON answer carries.
+
+    Raises:
+        GatewayError: the backend refused, failed or timed out, or the
+            response could not be stored.
+    """
+    async def ignore(events: list[dict[str, Any]]) -> None:
+        pass
+
+    try:
+        await turn.run(ignore)
+    except trio.Cancelled:
+        turn.outcome.client_left = True
+        turn.observe()
+        raise
+    error = turn.rejection or turn.error_for_json()
+    if error is not None:
+        turn.outcome.http_status = error.status
+    turn.observe()
+    if error is not None:
+        raise error
+    return turn.response
 
 
 async def _warn_if_not_durable(store: ResponseStore) -> None:
@@ -639,25 +502,18 @@ _COMPACT_PROMPT = (
 )
 
 
-def _log_request(
-    response_id: str,
-    model: str,
-    status: str,
-    http_status: int,
-    started: float,
-    first_byte_at: float | None,
-    *,
-    client_left: bool = False,
-) -> None:
-    now = trio.current_time()
-    ttfe = f"{(first_byte_at - started) * 1000:.1f}ms" if first_byte_at is not None else "-"
+def _log_outcome(outcome: TurnOutcome) -> None:
+    """The one line per response at INFO (no prompt text)."""
+    now = trio.current_time() if outcome.finished_at is None else outcome.finished_at
+    ttfe = f"{(outcome.first_event_at - outcome.started) * 1000:.1f}ms" if outcome.first_event_at is not None else "-"
     log.info(
-        "%s model=%s status=%s http=%d duration=%.1fms first_event=%s%s",
-        response_id,
-        model,
-        status,
-        http_status,
-        (now - started) * 1000,
+        "%s model=%s transport=%s status=%s http=%d duration=%.1fms first_event=%s%s",
+        outcome.response_id,
+        outcome.model,
+        outcome.transport,
+        outcome.status,
+        outcome.http_status,
+        (now - outcome.started) * 1000,
         ttfe,
-        " client_left" if client_left else "",
+        " client_left" if outcome.client_left else "",
     )

@@ -253,7 +253,7 @@ class OpenAICompatibleBackend:
         self._v1 = settings.backend_v1
         self._chat_url = httpx2.URL(self._v1 + "/chat/completions")
         self._auth = {"authorization": f"Bearer {settings.openai_api_key}"} if settings.openai_api_key else {}
-        self._accepts_reasoning_content = True
+        self._refuses_reasoning_content: set[Any] = set()  # models that said so by name
         self._chat_headers = {
             **self._auth,
             "content-type": "application/json",
@@ -267,20 +267,22 @@ class OpenAICompatibleBackend:
 
     @contextlib.asynccontextmanager
     async def open_chat_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatStream]:
-        if not self._accepts_reasoning_content:
+        model = body.get("model")
+        if model in self._refuses_reasoning_content:
             body = _without_reasoning_content(body)
-        try:
-            async with self._open_chat(body) as stream:
-                yield stream
-                return
-        except BackendStatusError as error:
-            stripped = _without_reasoning_content(body)
-            if error.backend_status != 400 or stripped is body:
-                raise
-        # The backend refused `reasoning_content` in assistant messages: it is
-        # context, not content, so it is dropped from now on.
-        self._accepts_reasoning_content = False
-        async with self._open_chat(stripped) as stream:
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                stream = await stack.enter_async_context(self._open_chat(body))
+            except BackendStatusError as error:
+                stripped = _without_reasoning_content(body)
+                if stripped is body or not _refuses_reasoning_content(error):
+                    raise
+                # This model refused `reasoning_content` in assistant messages by
+                # name: it is context, not content, so this request goes without,
+                # and so do the model's later ones.  Any other refusal (a context
+                # that is too long) is the client's to see.
+                self._refuses_reasoning_content.add(model)
+                stream = await stack.enter_async_context(self._open_chat(stripped))
             yield stream
 
     @contextlib.asynccontextmanager
@@ -379,6 +381,10 @@ class _ShardedPool:
 
 
 _SHARD_SIZE = 256
+
+
+def _refuses_reasoning_content(error: BackendStatusError) -> bool:
+    return error.backend_status in (400, 422) and "reasoning_content" in error.message
 
 
 def _without_reasoning_content(body: dict[str, Any]) -> dict[str, Any]:

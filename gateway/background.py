@@ -16,11 +16,13 @@ as `failed` with the terminal events its followers are waiting for.  Every
 change of a running record goes through the store's `update` (a
 compare-and-set): the first terminal status written wins.
 
-The runner knows the store and the backend interfaces, not HTTP.
+A job is a turn (`gateway.turn`) run in the runner's nursery instead of a
+request's; the runner knows the store and the turn, not HTTP.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -28,13 +30,11 @@ from typing import Any
 
 import trio
 
-from .backend import ChatBackend
-from .errors import GatewayError, InternalError, StoreUnavailable
+from .errors import InternalError, StoreUnavailable
 from .store import ResponseStore, StoredResponse
 from .store.base import save_retrying
-from .streams.relay import collect_response, fail_with, store_before_terminal
-from .streams.toolloop import ToolLoop
-from .streams.translator import ResponseTranslator, fail_recorded
+from .streams.translator import fail_recorded
+from .turn import Turn
 
 __all__ = ["LEASE_SECONDS", "BackgroundJob", "BackgroundRunner", "queued_snapshot"]
 
@@ -47,18 +47,12 @@ _LOST = "The gateway instance running this background response stopped before it
 
 
 class BackgroundJob:
-    """One running background response and its event log.
+    """One running background response and its event log (what followers on this instance read)."""
 
-    The terminal event is held back until the record that carries it is
-    stored (`held`), so that no follower hears `response.completed` for a
-    response the store does not have.
-    """
-
-    def __init__(self, record: StoredResponse, translator: ResponseTranslator) -> None:
+    def __init__(self, record: StoredResponse, turn: Turn) -> None:
         self.record = record
-        self.translator = translator
+        self.turn = turn
         self.events: list[dict[str, Any]] = record.events
-        self.held: list[dict[str, Any]] = []
         self.scope = trio.CancelScope()
         self.finished = trio.Event()
         self._changed = trio.Event()
@@ -68,17 +62,11 @@ class BackgroundJob:
         return self.record.id
 
     def snapshot(self) -> dict[str, Any]:
-        response = dict(self.translator.response)
+        response = dict(self.turn.response)
         response["output"] = list(response.get("output") or ())
         return response
 
-    def hold_terminal(self, events: list[dict[str, Any]]) -> None:
-        """Publish what the translator produced, keeping its terminal event back in `held`."""
-        if events and self.translator.done:
-            events, self.held = events[:-1], events[-1:]
-        self.publish(events)
-
-    def publish(self, events: list[dict[str, Any]]) -> None:
+    async def publish(self, events: list[dict[str, Any]]) -> None:
         if events:
             self.events.extend(events)
             self._changed.set()
@@ -93,7 +81,6 @@ class BackgroundRunner:
     def __init__(
         self,
         store: ResponseStore,
-        backend: ChatBackend,
         *,
         clock: Callable[[], float] = time.time,
         retry_seconds: float = 2.0,
@@ -101,7 +88,6 @@ class BackgroundRunner:
     ) -> None:
         self._store = store
         self._lease = lease_seconds
-        self._backend = backend
         self._clock = clock
         self._retry = retry_seconds
         self._jobs: dict[str, BackgroundJob] = {}
@@ -175,9 +161,7 @@ class BackgroundRunner:
     def job(self, response_id: str) -> BackgroundJob | None:
         return self._jobs.get(response_id)
 
-    async def start(
-        self, record: StoredResponse, translator: ResponseTranslator, body: dict[str, Any], loop: ToolLoop | None = None
-    ) -> BackgroundJob:
+    async def start(self, turn: Turn) -> BackgroundJob:
         """Store the queued response, then run it; returns at once.
 
         Raises:
@@ -186,11 +170,12 @@ class BackgroundRunner:
         """
         if self._nursery is None:
             raise InternalError("The gateway is shutting down; background responses cannot start.")
-        job = BackgroundJob(record, translator)
+        record = turn.record([], queued_snapshot(turn.response))
         record.lease_until = self._clock() + self._lease
         await save_retrying(self._store, record, within=self._retry)
+        job = BackgroundJob(record, turn)
         self._jobs[job.id] = job
-        self._nursery.start_soon(self._run_job, job, body, loop)
+        self._nursery.start_soon(self._run_job, job)
         return job
 
     def cancel(self, response_id: str) -> bool:
@@ -200,73 +185,60 @@ class BackgroundRunner:
         job.scope.cancel()
         return True
 
-    async def _run_job(self, job: BackgroundJob, body: dict[str, Any], loop: ToolLoop | None) -> None:
-        translator = job.translator
+    async def _run_job(self, job: BackgroundJob) -> None:
+        turn = job.turn
         try:
             with job.scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._save_progress, job)
-                    try:
-                        await collect_response(self._backend, body, translator, on_events=job.hold_terminal, loop=loop)
-                    except GatewayError as error:
-                        if not translator.done:
-                            job.hold_terminal(fail_with(translator, error))
-                    except Exception:
-                        log.debug("background job %s failed", job.id, exc_info=True)
-                        if not translator.done:
-                            job.hold_terminal(fail_with(translator, InternalError("The background response failed.")))
+                    await turn.run(job.publish, persist=functools.partial(self._store_end, job))
                     nursery.cancel_scope.cancel()
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(self._retry + 5):
-                await self._finish(job)
+            if not turn.translator.done:
+                # Cancelled (by the client, another instance or shutdown): say so in the record.
+                turn.response["status"] = "cancelled"
+                with trio.CancelScope(shield=True), trio.move_on_after(self._retry + 5):
+                    try:
+                        await self._store_end(job, self._record(job, []))
+                    except StoreUnavailable:
+                        log.warning("could not record that background response %s was cancelled", job.id)
+            job.record.response = job.snapshot()
             self._jobs.pop(job.id, None)
             job.finished.set()
             job._changed.set()
+            turn.observe()
 
-    async def _finish(self, job: BackgroundJob) -> None:
-        """Store the job's end, then let its followers hear it."""
-        translator = job.translator
-        if not translator.done or translator.response.get("status") not in TERMINAL:
-            # Cancelled (by the client, another instance or shutdown): say so in the record.
-            translator.response["status"] = "cancelled"
+    async def _store_end(self, job: BackgroundJob, record: StoredResponse) -> list[dict[str, Any]] | None:
+        """Store the job's end (compare-and-set: the first end stands).
+
+        Returns the stored events to end with instead when the response had
+        already ended elsewhere (a cancel, a lost lease).
+        """
+        record.lease_until = None
         taken: list[StoredResponse] = []
 
         def finish(stored: StoredResponse) -> StoredResponse | None:
             taken[:] = [stored]
-            if stored.response.get("status") in TERMINAL:
-                return None  # already ended elsewhere (a cancel, a lost lease): the first end stands
-            return self._record(job, job.held)
+            return None if stored.response.get("status") in TERMINAL else record
 
-        async def store() -> None:
-            deadline = trio.current_time() + self._retry
-            while True:
-                try:
-                    await self._store.update(job.id, finish)
-                    return
-                except StoreUnavailable:
-                    if trio.current_time() >= deadline:
-                        raise
-                    await trio.sleep(0.1)
-
-        tail = await store_before_terminal(translator, job.held, store)
+        deadline = trio.current_time() + self._retry
+        while True:
+            try:
+                await self._store.update(job.id, finish)
+                break
+            except StoreUnavailable:
+                if trio.current_time() >= deadline:
+                    raise
+                await trio.sleep(0.1)
         if taken and taken[0].response.get("status") in TERMINAL:
-            # Ended elsewhere: what followers hear is what was stored.
             last = job.events[-1]["sequence_number"] if job.events else -1
-            tail = [e for e in taken[0].events if e.get("sequence_number", -1) > last]
-        job.held = []
-        job.publish(tail)
-        job.record.response = job.snapshot()
+            return [e for e in taken[0].events if e.get("sequence_number", -1) > last]
+        return None
 
     def _record(self, job: BackgroundJob, extra: list[dict[str, Any]], *, lease: float | None = None) -> StoredResponse:
-        record = job.record
-        return StoredResponse(
-            id=record.id,
-            response=job.snapshot(),
-            input_items=record.input_items,
-            events=[*job.events, *extra],
-            previous_response_id=record.previous_response_id,
-            lease_until=lease,
-        )
+        record = job.turn.record([*job.events, *extra], job.snapshot())
+        record.lease_until = lease
+        return record
 
     async def _save_progress(self, job: BackgroundJob) -> None:
         """Save now and then, renewing the lease; a cancel recorded elsewhere stops the job."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
-from .config import ConfigError, load_settings
+from .config import ConfigError, environment_warnings, load_settings
 
 __all__ = ["main"]
 
@@ -65,5 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from .server import run
 
     configure_logging(settings)
+    for warning in environment_warnings():
+        logging.getLogger("gateway").warning("%s", warning)
     run(settings, host=args.host, port=args.port, workers=args.workers)
     return 0

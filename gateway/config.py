@@ -8,12 +8,15 @@ No other module reads the environment: code receives a `Settings` object.
 
 from __future__ import annotations
 
+import difflib
+import os
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["ConfigError", "Settings", "load_settings"]
+__all__ = ["ConfigError", "Settings", "environment_warnings", "load_settings", "misspelt_settings"]
 
 
 class ConfigError(Exception):
@@ -167,9 +170,24 @@ class Settings(BaseSettings):
 def load_settings(**overrides: object) -> Settings:
     """Build settings from the environment (and `.env`), with overrides.
 
+    A name in `.env` that is not a setting but nearly is (`STREAM_TIMOUT`)
+    is refused: the file is the gateway's, and a typo there would silently
+    leave the default in force.
+
     Raises:
-        ConfigError: a value is invalid; the message names the variable.
+        ConfigError: a value is invalid, or `.env` misspells a setting; the
+            message names the variable.
     """
+    env_file = overrides.get("_env_file", Settings.model_config.get("env_file"))
+    if isinstance(env_file, str) and os.path.isfile(env_file):
+        from dotenv import dotenv_values
+
+        misspelt = misspelt_settings(dotenv_values(env_file))
+        if misspelt:
+            raise ConfigError(
+                f"invalid configuration in {env_file}: "
+                + "; ".join(f"{name} is not a setting (did you mean {known}?)" for name, known in misspelt)
+            )
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
@@ -178,3 +196,30 @@ def load_settings(**overrides: object) -> Settings:
             name = ".".join(str(p) for p in err["loc"]).upper() or "?"
             problems.append(f"{name}: {err['msg']}")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+
+
+def misspelt_settings(names: Iterable[str]) -> list[tuple[str, str]]:
+    """(name, the setting it nearly is) for each of `names` that is a near miss.
+
+    The environment holds many variables that are not the gateway's; only
+    names within a letter or two of a setting count.
+    """
+    known = sorted(name.upper() for name in Settings.model_fields)
+    found = []
+    for name in names:
+        upper = name.upper()
+        if upper in known:
+            continue
+        close = difflib.get_close_matches(upper, known, n=1, cutoff=0.88)
+        if close:
+            found.append((name, close[0]))
+    return found
+
+
+def environment_warnings() -> list[str]:
+    """Process environment variables that look like misspelt settings (warned about, not refused:
+    the environment is shared with other programs)."""
+    return [
+        f"environment variable {name} is not a setting (did you mean {known}?)"
+        for name, known in misspelt_settings(os.environ)
+    ]

@@ -21,7 +21,7 @@ from .backend import ChatBackend
 from .background import TERMINAL, BackgroundJob
 from .errors import GatewayError, InvalidRequest, RequestTooLarge, error_json
 from .store import StoredResponse
-from .streams.relay import DeferredHeadBody
+from .transport.sse import DeferredHeadBody
 from .streams.sse import encode_done, encode_event
 
 __all__ = [

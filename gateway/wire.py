@@ -29,6 +29,7 @@ __all__ = [
     "decode_json_object",
     "nested_deeper_than",
     "parse_create_request",
+    "validate_create_request",
 ]
 
 
@@ -323,7 +324,15 @@ def parse_create_request(body: bytes) -> CreateResponseRequest:
             of the wrong type; the error's `param` names the field
             (`input[2].content`).
     """
-    data = decode_json_object(body)
+    return validate_create_request(decode_json_object(body))
+
+
+def validate_create_request(data: dict[str, Any]) -> CreateResponseRequest:
+    """Validate a decoded `POST /v1/responses` body (or a WebSocket `response.create`).
+
+    Raises:
+        InvalidRequest: a field of the wrong type; `param` names it.
+    """
     try:
         # Strict: "0.5" is not a number and "yes" is not a boolean, as for OpenAI.
         return _REQUEST.validate_python(data, strict=True)

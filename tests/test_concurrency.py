@@ -12,10 +12,11 @@ import trio
 import trio.testing
 
 from conftest import parse_sse
+from gateway.sealing import Sealer
+from gateway.store import MemoryStore
 from gateway.streams.chunks import ChunkDecoder
-from gateway.streams.relay import ResponseEventStream
-from gateway.streams.translator import ResponseTranslator
-from gateway.translate import plan_chat_request
+from gateway.transport.sse import TurnEventStream
+from gateway.turn import Resources, prepare_turn
 from gateway.wire import parse_create_request
 from scripted_backend import chunk
 
@@ -70,15 +71,26 @@ class _DecodedChannel:
         raise StopAsyncIteration
 
 
-def make_body(backend: ChannelBackend, interval: float) -> ResponseEventStream:
-    plan = plan_chat_request(parse_create_request(b'{"model":"m","input":"hi"}'), response_id="resp_1", created_at=0)
-    translator = ResponseTranslator(plan.response, clock=lambda: 0.0)
-    return ResponseEventStream(backend=backend, body=plan.body, translator=translator, heartbeat_interval=interval)
+async def make_body(backend: ChannelBackend, interval: float) -> TurnEventStream:
+    from conftest import SequentialIds, make_settings
+
+    settings = make_settings("http://127.0.0.1:9", heartbeat_interval=interval)
+    resources = Resources(
+        settings=settings,
+        backend=backend,  # type: ignore[arg-type]
+        store=MemoryStore(),
+        mcp=None,
+        sealer=Sealer("test"),
+        clock=lambda: 0.0,
+        ids=SequentialIds(),
+    )
+    turn = await prepare_turn(resources, parse_create_request(b'{"model":"m","input":"hi"}'), transport="sse")
+    return TurnEventStream(turn, heartbeat_interval=interval)
 
 
 async def test_heartbeats_start_before_the_backend_answers_and_repeat_each_silent_interval(autojump_clock):
     backend = ChannelBackend()
-    body = make_body(backend, interval=2.0)
+    body = await make_body(backend, interval=2.0)
     writes: list[tuple[float, bytes]] = []
     start = trio.current_time()
     async with body:
@@ -103,7 +115,7 @@ async def test_heartbeats_start_before_the_backend_answers_and_repeat_each_silen
 async def test_no_heartbeat_while_events_keep_flowing(autojump_clock):
     backend = ChannelBackend()
     backend.answer.set()
-    body = make_body(backend, interval=2.0)
+    body = await make_body(backend, interval=2.0)
     seen: list[bytes] = []
     async with body:
         await body.head()
@@ -120,7 +132,7 @@ async def test_no_heartbeat_while_events_keep_flowing(autojump_clock):
 async def test_leaving_the_body_early_cancels_the_backend_call(autojump_clock):
     backend = ChannelBackend()
     backend.answer.set()
-    body = make_body(backend, interval=5.0)
+    body = await make_body(backend, interval=5.0)
     async with body:
         await body.head()
         async for data in body:
@@ -188,7 +200,7 @@ async def test_events_already_queued_are_coalesced_into_one_write(autojump_clock
         backend.send.send_nowait(b"data: " + orjson.dumps(chunk({"content": f"t{n}"})) + b"\n\n")
     backend.send.send_nowait(b"data: [DONE]\n\n")
     backend.answer.set()
-    body = make_body(backend, interval=5.0)
+    body = await make_body(backend, interval=5.0)
     writes: list[bytes] = []
     async with body:
         await body.head()

@@ -104,3 +104,29 @@ async def test_gateway_serve_answers_health_checks(tmp_path, backend):
             assert r.json()["output"][0]["content"][0]["text"] == "Hello, world!"
         proc.terminate()
     assert "status=completed" in (tmp_path / "gw.log").read_text()
+
+
+def test_a_misspelt_setting_in_dotenv_is_refused_naming_it(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("STREAM_TIMOUT=5\nHEARTBEAT_INTERVAL=2\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "STREAM_TIMOUT is not a setting (did you mean STREAM_TIMEOUT?)" in str(caught.value)
+
+
+def test_names_in_dotenv_that_are_nothing_like_a_setting_are_left_for_other_tools(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("DATABASE_URL=postgres://x\nHEARTBEAT_INTERVAL=2\n")
+    assert load_settings().heartbeat_interval == 2
+
+
+async def test_a_misspelt_environment_variable_is_warned_about_at_start_up(tmp_path, backend):
+    from test_multi_instance_and_crash import run_gateway_process
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            gateway = await nursery.start(
+                run_gateway_process, tmp_path, {"OPENAI_BASE_URL_INTERNAL": backend.url, "STREAM_TIMOUT": "5", "LOG_FILE_PATH": ""}
+            )
+            nursery.cancel_scope.cancel()
+    assert b"STREAM_TIMOUT is not a setting (did you mean STREAM_TIMEOUT?)" in bytes(gateway.stderr)

@@ -251,8 +251,26 @@ async def test_reasoning_content_is_dropped_for_a_backend_that_refuses_it(gatewa
         r = await client.post(gateway_url + "/v1/responses", json={"model": "no-reasoning-content", "input": history})
         assert r.status_code == 200 and r.json()["status"] == "completed"
     sent = [m for m in backend.chat_requests if m["model"] == "no-reasoning-content"]
-    # Tried once with it, then never again.
+    # Tried once with it; the model said it refuses the field, so never again for it.
     assert ["reasoning_content" in m["messages"][1] for m in sent] == [True, False, False]
+    # Other models still get it: the refusal was that model's, not the whole backend's.
+    r = await client.post(gateway_url + "/v1/responses", json={"model": "text", "input": history})
+    assert "reasoning_content" in backend.chat_requests[-1]["messages"][1]
+
+
+async def test_a_400_that_does_not_name_reasoning_content_switches_nothing_off(gateway_url, client, backend):
+    history = [
+        {"role": "user", "content": "q1"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "thinking"}]},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "q2"},
+    ]
+    r = await client.post(gateway_url + "/v1/responses", json={"model": "http-400", "input": history})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert len([m for m in backend.chat_requests if m["model"] == "http-400"]) == 1  # not retried
+    r = await client.post(gateway_url + "/v1/responses", json={"model": "text", "input": history})
+    assert r.status_code == 200
+    assert "reasoning_content" in backend.chat_requests[-1]["messages"][1]
 
 
 async def test_an_unknown_previous_response_is_a_404_naming_the_parameter(gateway_url, client):

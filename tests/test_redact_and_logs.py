@@ -301,6 +301,6 @@ async def test_a_gateway_process_logs_forged_lines_escaped_and_never_its_key(tmp
     for log in (bytes(gateway.stderr).decode(), log_file.read_text()):
         lines = log.split("\n")
         assert not [line for line in lines if line.startswith(FORGED)], log
-        assert [line for line in lines if " model=x\\n" + FORGED + " status=completed" in line], log
+        assert [line for line in lines if " model=x\\n" + FORGED + " " in line and " status=completed " in line], log
         assert [line for line in lines if f" model=leaked-{MARKER} " in line], log
         assert SECRET not in log

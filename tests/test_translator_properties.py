@@ -13,8 +13,8 @@ offsets.  What must hold for every input and every cutting:
 - every item and content part that is opened is closed, with the same ids;
 - every event, and the final response, matches the spec.
 
-`translate_bytes` drives the core the way `streams.relay` does: `[DONE]`
-finishes, a decoding error fails, end of input finishes after a
+`translate_bytes` drives the core the way a turn does, through the session:
+`[DONE]` finishes, a decoding error fails, end of input finishes after a
 finish_reason and fails without one.
 """
 
@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from gateway.errors import GatewayError
 from gateway.streams import DONE, ChunkDecoder, ResponseTranslator, SSEDecoder
+from gateway.streams.session import ResponseSession
 from gateway.streams.sse import SSETooLarge
 from gateway.translate import plan_chat_request
 from gateway.wire import parse_create_request
@@ -64,50 +65,38 @@ def make_translator(**options: Any) -> ResponseTranslator:
     return ResponseTranslator(skeleton, ids=CountingIds(), clock=lambda: CLOCK, **options)
 
 
-def _end_of_input(translator: ResponseTranslator) -> list[Event]:
-    if translator.finish_reason:
-        return translator.finish()
-    return translator.fail("backend_stream_ended", "the backend closed the stream before finishing the response")
-
-
 def translate_bytes(pieces: Iterable[bytes], **options: Any) -> list[Event]:
-    """Backend body pieces -> every event, as the streaming relay produces them."""
-    translator = make_translator(**options)
-    events = translator.start()
+    """Backend body pieces -> every event, as a turn produces them (through the session)."""
+    session = ResponseSession(make_translator(**options), {"messages": []})
+    events = session.start()
     decoder = ChunkDecoder()
     for piece in pieces:
-        events += _feed(translator, decoder.decode(piece))
+        events += _feed(session, decoder.decode(piece))
         if decoder.finished:
             break
     else:
-        events += _feed(translator, decoder.flush())
-    if translator.done:
-        return events
-    return events + _end_of_input(translator)
+        events += _feed(session, decoder.flush())
+    return events + session.end_of_stream()
 
 
-def _feed(translator: ResponseTranslator, decoded: list[Any]) -> list[Event]:
+def _feed(session: ResponseSession, decoded: list[Any]) -> list[Event]:
     events: list[Event] = []
     for item in decoded:
-        if item is DONE:
-            return events + translator.finish()
         if isinstance(item, GatewayError):  # the decoder ends its list with the error
-            return events + translator.fail(item.code or "server_error", item.message, type=item.type, param=item.param)
-        events += translator.feed(item)
+            return events + session.fail(item.code or "server_error", item.message, type=item.type, param=item.param)
+        events += session.feed(item)
     return events
 
 
 def translate_chunks(script: list[Any], **options: Any) -> list[Event]:
     """The same, from chunk dicts and `b"[DONE]"` (no bytes involved)."""
-    translator = make_translator(**options)
-    events = translator.start()
+    session = ResponseSession(make_translator(**options), {"messages": []})
+    events = session.start()
     for step in script:
-        if step == b"[DONE]":
-            return events + translator.finish()
-        events += translator.feed(step)
-        if translator.done:
+        events += session.feed(DONE if step == b"[DONE]" else step)
+        if session.round_over:
             return events
-    return events + _end_of_input(translator)
+    return events + session.end_of_stream()
 
 
 # --- encoding backend streams ------------------------------------------------------------------

@@ -33,7 +33,7 @@ import orjson
 
 from ..errors import error_fields
 
-__all__ = ["ResponseTranslator", "RoundCall", "chunk_problem", "fail_recorded", "random_id", "sum_usage", "usage_from_chat"]
+__all__ = ["Round", "ResponseTranslator", "RoundCall", "chunk_problem", "fail_recorded", "random_id", "sum_usage", "usage_from_chat"]
 
 Event = dict[str, Any]
 
@@ -56,6 +56,14 @@ class RoundCall:
     arguments: str
     server: str | None  # the gateway tool's server label; None for the client's own functions
     approval: bool = False  # an mcp_approval_request: not run until the client approves it
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """What one backend call produced, for the tool loop: its calls and its message text."""
+
+    calls: list[RoundCall]
+    text: str
 
 
 def sum_usage(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -256,24 +264,94 @@ class _Reasoning:
 
 class _Call:
     __slots__ = (
-        "index", "id", "call_id", "backend_id", "name", "chunks", "pending", "suppressed", "server", "approval",
-        "custom", "shown_name", "namespace",
+        "index", "id", "call_id", "backend_id", "name", "chunks", "pending", "suppressed", "kind", "server",
+        "shown_name", "namespace",
     )
 
     def __init__(self, backend_id: str | None) -> None:
-        self.index = -1  # output_index once the item is opened
-        self.id = ""
-        self.call_id = backend_id or ""
-        self.backend_id = backend_id
-        self.name = ""
+        self.index: int = -1  # output_index once the item is opened
+        self.id: str = ""
+        self.call_id: str = backend_id or ""
+        self.backend_id: str | None = backend_id
+        self.name: str = ""
         self.chunks: list[str] = []
         self.pending: list[str] = []  # argument fragments seen before the name
-        self.suppressed = False
-        self.server: str | None = None  # set when the gateway runs this call (an mcp_call item)
-        self.approval = False  # an mcp_approval_request item instead
-        self.custom = False  # a custom_tool_call item (a freeform tool)
-        self.shown_name = ""  # the name the client knows (without the namespace)
+        self.suppressed: bool = False
+        self.kind: _CallKind = FUNCTION_CALL  # decided when the item opens
+        self.server: str | None = None  # the gateway tool's server label (mcp kinds)
+        self.shown_name: str = ""  # the name the client knows (without the namespace)
         self.namespace: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _CallKind:
+    """How one kind of tool call appears in the event stream, described once.
+
+    `opened` and `done` give the item's fields after `id` and `type` (at
+    `output_item.added`, and once finished with a status); `closing` the
+    events (type, fields) sent when its arguments are complete.  A kind
+    without `done` (an `mcp_call`) stays open until the gateway's tool has
+    answered.  `delta_event` streams the arguments as they arrive; without
+    one they are shown whole when complete.
+    """
+
+    item_type: str
+    id_prefix: str
+    delta_event: str | None
+    opened: Callable[[_Call], dict[str, Any]]
+    closing: Callable[[_Call, str], list[tuple[str, dict[str, Any]]]]
+    done: Callable[[_Call, str, str], dict[str, Any]] | None
+    runs_in_gateway: bool = False
+    needs_approval: bool = False
+
+    def item(self, call: _Call, fields: dict[str, Any]) -> dict[str, Any]:
+        item = {"id": call.id, "type": self.item_type, **fields}
+        if call.namespace is not None:
+            item["namespace"] = call.namespace
+        return item
+
+
+def _custom_closing(call: _Call, arguments: str) -> list[tuple[str, dict[str, Any]]]:
+    text = _custom_input(arguments)
+    delta = [("response.custom_tool_call_input.delta", {"delta": text})] if text else []
+    return [*delta, ("response.custom_tool_call_input.done", {"input": text})]
+
+
+FUNCTION_CALL = _CallKind(
+    "function_call",
+    "fc",
+    "response.function_call_arguments.delta",
+    opened=lambda c: {"status": "in_progress", "call_id": c.call_id, "name": c.shown_name, "arguments": ""},
+    closing=lambda c, a: [("response.function_call_arguments.done", {"name": c.shown_name, "arguments": a})],
+    done=lambda c, a, status: {"status": status, "call_id": c.call_id, "name": c.shown_name, "arguments": a},
+)
+CUSTOM_TOOL_CALL = _CallKind(  # a freeform tool: its input is a string inside the function's JSON
+    "custom_tool_call",
+    "ctc",
+    None,
+    opened=lambda c: {"status": "in_progress", "call_id": c.call_id, "name": c.shown_name, "input": ""},
+    closing=_custom_closing,
+    done=lambda c, a, status: {"status": status, "call_id": c.call_id, "name": c.shown_name, "input": _custom_input(a)},
+)
+MCP_CALL = _CallKind(
+    "mcp_call",
+    "mcp",
+    "response.mcp_call_arguments.delta",
+    opened=lambda c: {"server_label": c.server, "name": c.name, "arguments": "", "output": None, "error": None, "status": "in_progress"},
+    closing=lambda c, a: [("response.mcp_call_arguments.done", {"arguments": a}), ("response.mcp_call.in_progress", {})],
+    done=None,
+    runs_in_gateway=True,
+)
+MCP_APPROVAL_REQUEST = _CallKind(
+    "mcp_approval_request",
+    "mcpr",
+    None,
+    opened=lambda c: {"server_label": c.server, "name": c.name, "arguments": ""},
+    closing=lambda c, a: [],
+    done=lambda c, a, status: {"server_label": c.server, "name": c.name, "arguments": a},
+    runs_in_gateway=True,
+    needs_approval=True,
+)
 
 
 class ResponseTranslator:
@@ -309,7 +387,8 @@ class ResponseTranslator:
         self._tool_kinds = dict(tool_kinds or {})
         self._seal_reasoning = seal_reasoning  # include: reasoning.encrypted_content
         self._round_calls: list[RoundCall] = []
-        self._pending_mcp: dict[str, dict[str, Any]] = {}  # item id -> mcp_call item awaiting its result
+        self._pending_mcp: dict[str, tuple[int, dict[str, Any]]] = {}  # item id -> (index, mcp_call awaiting its result)
+        self._round_text: list[str] = []  # the round's message text, for the next round's assistant message
         self._usage_total: dict[str, Any] | None = None
         # When the backend reports no usage, clients still get an estimate.
         self._input_estimate = input_tokens_estimate
@@ -504,52 +583,51 @@ class ResponseTranslator:
     ) -> list[Event]:
         """A gateway tool call made outside a backend round (an approved request): the whole item at once."""
         events = self.start() if not self.started else []
-        index = self._new_slot()
-        item_id = self._ids("mcp")
-        item: dict[str, Any] = {
-            "id": item_id,
-            "type": "mcp_call",
-            "server_label": server_label,
-            "name": name,
-            "arguments": arguments,
-            "output": None,
-            "error": None,
-            "status": "in_progress",
-        }
+        call = _Call(None)
+        call.kind, call.server, call.name = MCP_CALL, server_label, name
+        call.index, call.id = self._new_slot(), self._ids(MCP_CALL.id_prefix)
+        item = MCP_CALL.item(call, {**MCP_CALL.opened(call), "arguments": arguments})
         if approval_request_id is not None:
             item["approval_request_id"] = approval_request_id
-        events.append(self._event("response.output_item.added", output_index=index, item=dict(item)))
-        common = {"item_id": item_id, "output_index": index}
-        events.append(self._event("response.mcp_call_arguments.done", **common, arguments=arguments))
-        events.append(self._event("response.mcp_call.in_progress", **common))
-        item["_index"] = index
-        self._pending_mcp[item_id] = item
-        return events + self.complete_mcp_call(item_id, output=output, error=error)
+        events.append(self._event("response.output_item.added", output_index=call.index, item=dict(item)))
+        for event_type, fields in MCP_CALL.closing(call, arguments):
+            events.append(self._event(event_type, item_id=call.id, output_index=call.index, **fields))
+        self._pending_mcp[call.id] = (call.index, item)
+        return events + self.complete_mcp_call(call.id, output=output, error=error)
 
     # --------------------------------------------------------------- rounds
 
-    def end_round(self) -> tuple[list[Event], list[RoundCall]]:
+    def end_round(self) -> tuple[list[Event], Round]:
         """Close this backend call's items without ending the response.
 
-        Returns the closing events and the calls the model made in the
-        round, in output order.  Calls to gateway tools stay open (as
-        `mcp_call` items in progress) until `complete_mcp_call`.
+        Returns the closing events and what the round produced: the calls
+        the model made (in output order) and its message text.  Calls to
+        gateway tools stay open (as `mcp_call` items in progress) until
+        `complete_mcp_call`.
         """
         if self.done:
-            return [], []
+            return [], Round([], "")
         events = self.start() if not self.started else []
         self._close_all("completed", events)
         calls, self._round_calls = self._round_calls, []
+        text, self._round_text = "".join(self._round_text), []
         self._add_round_usage()
         self._finish_reason = None
-        return events, calls
+        return events, Round(calls, text)
+
+    def gateway_calls_open(self) -> bool:
+        """Whether the round so far has calls the gateway would run (not awaiting approval)."""
+        return any(
+            self._gateway_tools.get(c.name) is not None and c.name not in self._approval and not c.suppressed
+            for c in (*self._open_calls, *self._unopened)
+        )
 
     def complete_mcp_call(self, item_id: str, *, output: str | None = None, error: str | None = None) -> list[Event]:
         """The result of a gateway tool call: `mcp_call.completed` or `.failed`, then the item is done."""
-        item = self._pending_mcp.pop(item_id, None)
-        if item is None or self.done:
+        pending = self._pending_mcp.pop(item_id, None)
+        if pending is None or self.done:
             return []
-        index = item.pop("_index")
+        index, item = pending
         failed = error is not None
         item.update(output=output, error=error, status="failed" if failed else "completed")
         kind = "response.mcp_call.failed" if failed else "response.mcp_call.completed"
@@ -716,6 +794,7 @@ class ResponseTranslator:
         index = len(message.parts)
         common = {"item_id": message.id, "output_index": message.index, "content_index": index}
         if kind == "output_text":
+            self._round_text.append(text)
             events.append(self._event("response.output_text.done", **common, text=text, logprobs=[]))
         else:
             events.append(self._event("response.refusal.done", **common, refusal=text))
@@ -781,10 +860,8 @@ class ResponseTranslator:
     def _append_arguments(self, call: _Call, arguments: str, events: list[Event]) -> None:
         call.chunks.append(arguments)
         self._output_chars += len(arguments)
-        if call.approval or call.custom:
-            return  # shown whole when it is done (a custom tool's input is inside JSON)
-        kind = "response.mcp_call_arguments.delta" if call.server is not None else "response.function_call_arguments.delta"
-        events.append(self._event(kind, item_id=call.id, output_index=call.index, delta=arguments))
+        if call.kind.delta_event is not None:
+            events.append(self._event(call.kind.delta_event, item_id=call.id, output_index=call.index, delta=arguments))
 
     def _open_pending(self, events: list[Event], status: str = "completed") -> None:
         for call in self._unopened[:]:
@@ -800,54 +877,19 @@ class ResponseTranslator:
         self._close_reasoning(events)
         self._close_message(status, events)
         call.index = self._new_slot()
-        server = self._gateway_tools.get(call.name)
-        approval = server is not None and call.name in self._approval
-        client_tool = self._tool_kinds.get(call.name) if server is None else None
-        call.custom = client_tool is not None and client_tool.kind == "custom"
+        call.server = self._gateway_tools.get(call.name)
+        client_tool = self._tool_kinds.get(call.name) if call.server is None else None
+        if call.server is not None:
+            call.kind = MCP_APPROVAL_REQUEST if call.name in self._approval else MCP_CALL
+        elif client_tool is not None and client_tool.kind == "custom":
+            call.kind = CUSTOM_TOOL_CALL
         call.shown_name = client_tool.name if client_tool is not None else call.name
         call.namespace = client_tool.namespace if client_tool is not None else None
-        call.id = self._ids(
-            "mcpr" if approval else "mcp" if server is not None else "ctc" if call.custom else "fc"
-        )
+        call.id = self._ids(call.kind.id_prefix)
         if not call.call_id:
             call.call_id = self._ids("call")
         self._open_calls.append(call)
-        if approval:
-            call.server = server
-            call.approval = True
-            item = {"id": call.id, "type": "mcp_approval_request", "server_label": server, "name": call.name, "arguments": ""}
-        elif server is not None:
-            call.server = server
-            item = {
-                "id": call.id,
-                "type": "mcp_call",
-                "server_label": server,
-                "name": call.name,
-                "arguments": "",
-                "output": None,
-                "error": None,
-                "status": "in_progress",
-            }
-        elif call.custom:
-            item = {
-                "id": call.id,
-                "type": "custom_tool_call",
-                "status": "in_progress",
-                "call_id": call.call_id,
-                "name": call.shown_name,
-                "input": "",
-            }
-        else:
-            item = {
-                "id": call.id,
-                "type": "function_call",
-                "status": "in_progress",
-                "call_id": call.call_id,
-                "name": call.shown_name,
-                "arguments": "",
-            }
-        if call.namespace is not None:
-            item["namespace"] = call.namespace
+        item = call.kind.item(call, call.kind.opened(call))
         events.append(self._event("response.output_item.added", output_index=call.index, item=item))
         if call.pending:
             arguments = "".join(call.pending)
@@ -855,6 +897,7 @@ class ResponseTranslator:
             self._append_arguments(call, arguments, events)
 
     def _close_call(self, call: _Call, status: str, events: list[Event]) -> None:
+        kind = call.kind
         arguments = "".join(call.chunks)
         self._round_calls.append(
             RoundCall(
@@ -863,74 +906,19 @@ class ResponseTranslator:
                 name=call.name,
                 arguments=arguments,
                 server=call.server,
-                approval=call.approval,
+                approval=kind.needs_approval,
             )
         )
-        if call.custom:
-            text = _custom_input(arguments)
-            common = {"item_id": call.id, "output_index": call.index}
-            if text:
-                events.append(self._event("response.custom_tool_call_input.delta", **common, delta=text))
-            events.append(self._event("response.custom_tool_call_input.done", **common, input=text))
-            done: dict[str, Any] = {
-                "id": call.id,
-                "type": "custom_tool_call",
-                "status": status,
-                "call_id": call.call_id,
-                "name": call.shown_name,
-                "input": text,
-            }
-            if call.namespace is not None:
-                done["namespace"] = call.namespace
-            self._item_done(call.index, done, events)
+        common = {"item_id": call.id, "output_index": call.index}
+        for event_type, fields in kind.closing(call, arguments):
+            events.append(self._event(event_type, **common, **fields))
+        if kind.done is None:
+            # Arguments are complete; the item stays open until the gateway's tool answers.
+            pending = kind.item(call, kind.opened(call))
+            pending["arguments"] = arguments
+            self._pending_mcp[call.id] = (call.index, pending)
             return
-        if call.approval:
-            done = {
-                "id": call.id,
-                "type": "mcp_approval_request",
-                "server_label": call.server,
-                "name": call.name,
-                "arguments": arguments,
-            }
-            self._item_done(call.index, done, events)
-            return
-        if call.server is not None:
-            # Arguments are complete; the item stays open until the tool answers.
-            common = {"item_id": call.id, "output_index": call.index}
-            events.append(self._event("response.mcp_call_arguments.done", **common, arguments=arguments))
-            events.append(self._event("response.mcp_call.in_progress", **common))
-            self._pending_mcp[call.id] = {
-                "id": call.id,
-                "type": "mcp_call",
-                "server_label": call.server,
-                "name": call.name,
-                "arguments": arguments,
-                "output": None,
-                "error": None,
-                "status": "in_progress",
-                "_index": call.index,
-            }
-            return
-        events.append(
-            self._event(
-                "response.function_call_arguments.done",
-                item_id=call.id,
-                output_index=call.index,
-                name=call.shown_name,
-                arguments=arguments,
-            )
-        )
-        done = {
-            "id": call.id,
-            "type": "function_call",
-            "status": status,
-            "call_id": call.call_id,
-            "name": call.shown_name,
-            "arguments": arguments,
-        }
-        if call.namespace is not None:
-            done["namespace"] = call.namespace
-        self._item_done(call.index, done, events)
+        self._item_done(call.index, kind.item(call, kind.done(call, arguments, status)), events)
 
     def _close_all(self, status: str, events: list[Event]) -> None:
         """Close whatever is open, in output order."""

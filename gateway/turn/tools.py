@@ -1,31 +1,57 @@
-"""The gateway's tools for one request: which MCP tools are offered, and how a call runs.
+"""The gateway's tools for one turn: which MCP tools are offered, and how their calls run.
 
 Configured MCP servers' tools are offered on every request unless the
 request opts out (`"gateway_tools": false` in the body, or the header
 `x-gateway-tools: none`).  A request's own function of the same name wins:
 the MCP tool is not offered, and calls to that name go back to the client.
-The model sees tools as functions; `routes` tells the translator which
-names are the gateway's (they become `mcp_call` items).
+A request's hosted `mcp` tools (`{"type": "mcp", "server_label", ...}`)
+name servers the gateway connects to for the duration of the turn.  The
+model sees every tool as a function; `RequestTools.routes` tells the
+translator which names are the gateway's (they become `mcp_call` items).
+
+A tool failure is data for the model (its text goes back as the tool's
+result), never an exception.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
 
-from .errors import InvalidRequest
-from .streams.toolloop import ToolOutcome
-from .streams.translator import RoundCall
+from ..errors import GatewayError, InvalidRequest
+from ..streams.translator import RoundCall
 
-__all__ = ["HostedListing", "HostedSpec", "RequestTools", "ToolSource", "hosted_specs", "listed_tool", "open_hosted", "gateway_tools_enabled", "request_tools", "resume_approvals"]
+__all__ = [
+    "HostedListing",
+    "HostedSpec",
+    "RequestTools",
+    "ToolOutcome",
+    "ToolSource",
+    "check_hosted",
+    "gateway_tools_enabled",
+    "hosted_specs",
+    "listed_tool",
+    "open_hosted",
+    "run_calls",
+]
+
+log = logging.getLogger("gateway.tools")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    output: str | None = None
+    error: str | None = None
 
 
 class ToolSource(Protocol):
-    """What the toolbox needs from an MCP manager (or a hosted MCP session)."""
+    """What the tools need from an MCP manager (or a hosted MCP session)."""
 
     def tools(self) -> Sequence[Any]: ...
 
@@ -34,6 +60,8 @@ class ToolSource(Protocol):
 
 @dataclass
 class RequestTools:
+    """The gateway tools one turn offers, and where each call goes."""
+
     chat_tools: list[dict[str, Any]] = field(default_factory=list)
     routes: dict[str, str] = field(default_factory=dict)  # offered name -> server label
     approval: set[str] = field(default_factory=set)  # offered names that need the client's approval first
@@ -52,6 +80,7 @@ class RequestTools:
         self.chat_tools.append({"type": "function", "function": function})
 
     async def run(self, call: RoundCall) -> ToolOutcome:
+        """Run one call; every failure comes back as `ToolOutcome(error=...)`."""
         source_and_name = self._sources.get(call.name)
         if source_and_name is None:
             return ToolOutcome(error=f"unknown tool {call.name!r}")
@@ -68,21 +97,47 @@ class RequestTools:
         return ToolOutcome(output=result.text)
 
 
+async def run_calls(
+    tools: RequestTools,
+    calls: Sequence[RoundCall],
+    on_result: Callable[[RoundCall, ToolOutcome], Awaitable[None]],
+    *,
+    call_timeout: float,
+    concurrency: int,
+) -> None:
+    """Run the gateway's calls concurrently (at most `concurrency` at once, each within `call_timeout`).
+
+    `on_result` is awaited once per call as soon as it finishes, one at a
+    time and in the order they finish (so the caller can emit in order).
+    The nursery is this function's; cancelling the caller cancels the calls.
+    """
+    limiter = trio.CapacityLimiter(concurrency)
+    send, receive = trio.open_memory_channel[tuple[RoundCall, ToolOutcome]](len(calls) or 1)
+
+    async def one(call: RoundCall, send: trio.MemorySendChannel[tuple[RoundCall, ToolOutcome]]) -> None:
+        async with send, limiter:
+            try:
+                with trio.fail_after(call_timeout):
+                    outcome = await tools.run(call)
+            except trio.TooSlowError:
+                outcome = ToolOutcome(error=f"the tool call timed out after {call_timeout:g} s")
+            except Exception as exc:  # a runner bug must not end the response
+                log.warning("tool %s failed unexpectedly (%s)", call.name, type(exc).__name__)
+                outcome = ToolOutcome(error="the tool failed")
+            await send.send((call, outcome))
+
+    async with trio.open_nursery() as nursery:
+        async with send:
+            for call in calls:
+                nursery.start_soon(one, call, send.clone())
+        async with receive:
+            async for call, outcome in receive:
+                await on_result(call, outcome)
+
+
 def gateway_tools_enabled(flag: Any, header: str = "") -> bool:
     """Whether a request accepts the gateway's tools: `"gateway_tools": false|"none"` or `x-gateway-tools: none` opt out."""
     return flag not in (False, "none") and header.lower() not in ("none", "off", "false")
-
-
-def request_tools(source: ToolSource | None, *, client_names: Iterable[str], enabled: bool) -> RequestTools:
-    """The configured MCP tools this request offers (none when disabled or no servers)."""
-    tools = RequestTools()
-    if source is None or not enabled:
-        return tools
-    taken = set(client_names)
-    for tool in source.tools():
-        if tool.name not in taken:
-            tools.add(source, tool)
-    return tools
 
 
 # --- the hosted `mcp` tool ---------------------------------------------------------------
@@ -120,8 +175,6 @@ def hosted_specs(tools: list[dict[str, Any]] | None) -> list[HostedSpec]:
     Raises:
         InvalidRequest: an entry is malformed (the error names it).
     """
-    from .errors import InvalidRequest
-
     specs = []
     for index, tool in enumerate(tools or ()):
         if tool.get("type") != "mcp":
@@ -155,6 +208,31 @@ def hosted_specs(tools: list[dict[str, Any]] | None) -> list[HostedSpec]:
     return specs
 
 
+async def check_hosted(specs: list[HostedSpec], configured: ToolSource | None, allow: Sequence[str]) -> None:
+    """Refuse, before anything is sent, hosted servers the gateway may not or cannot use.
+
+    Raises:
+        InvalidRequest: a URL the gateway may not contact (`mcp_server_not_allowed`), or a
+            `server_label` without `server_url` that names no configured server.
+    """
+    from ..mcp import check_url_allowed_async
+
+    for spec in specs:
+        if spec.server_url:
+            try:
+                await check_url_allowed_async(spec.server_url, allow)
+            except ValueError as exc:
+                raise InvalidRequest(
+                    str(exc), param=f"tools[{spec.index}].server_url", code="mcp_server_not_allowed"
+                ) from None
+        elif configured is None or not any(t.server == spec.server_label for t in configured.tools()):
+            raise InvalidRequest(
+                f"No configured MCP server is labelled '{spec.server_label}'; give a server_url.",
+                param=f"tools[{spec.index}].server_url",
+                code="missing_required_parameter",
+            )
+
+
 @dataclass
 class HostedListing:
     spec: HostedSpec
@@ -166,32 +244,24 @@ async def open_hosted(
     stack: Any,
     specs: list[HostedSpec],
     configured: ToolSource | None,
-    allow: Sequence[str],
     tools: RequestTools,
     *,
     connect_timeout: float,
 ) -> list[HostedListing]:
-    """Connect the request's hosted MCP servers (their sessions live in `stack`) and offer their tools.
+    """Connect the turn's hosted MCP servers (their sessions live in `stack`) and offer their tools.
 
-    A `server_label` without `server_url` names a configured server.  Each
-    server gets `connect_timeout` seconds to connect and initialise, and as
-    long again to list its tools; one that does not is reported in its
-    `mcp_list_tools` item, as any other failure to reach it.
-
-    Raises:
-        InvalidRequest: a URL the gateway may not contact, or an unknown configured label.
+    Checked beforehand by `check_hosted`.  A `server_label` without
+    `server_url` names a configured server.  Each server gets
+    `connect_timeout` seconds to connect and initialise, and as long again
+    to list its tools; one that does not is reported in its listing, as any
+    other failure to reach it.
     """
-    from .errors import GatewayError, InvalidRequest
-    from .mcp import check_url_allowed_async, open_remote_session
+    from ..mcp import open_remote_session
 
     listings = []
     for spec in specs:
         source: ToolSource
         if spec.server_url:
-            try:
-                await check_url_allowed_async(spec.server_url, allow)
-            except ValueError as exc:
-                raise InvalidRequest(str(exc), param=f"tools[{spec.index}].server_url", code="mcp_server_not_allowed") from None
             try:
                 session = await stack.enter_async_context(
                     open_remote_session(
@@ -209,14 +279,8 @@ async def open_hosted(
                 continue
             source = session
         else:
-            offered = [t for t in (configured.tools() if configured is not None else ()) if t.server == spec.server_label]
-            if configured is None or not offered:
-                raise InvalidRequest(
-                    f"No configured MCP server is labelled '{spec.server_label}'; give a server_url.",
-                    param=f"tools[{spec.index}].server_url",
-                    code="missing_required_parameter",
-                )
-            source = configured
+            source = configured  # type: ignore[assignment]  # check_hosted made sure it is there
+            offered = [t for t in source.tools() if t.server == spec.server_label]
         if spec.allowed is not None:
             offered = [t for t in offered if t.name in spec.allowed or getattr(t, "original_name", None) in spec.allowed]
         for tool in offered:
@@ -230,8 +294,6 @@ async def open_hosted(
 
 def _labelled(tool: Any, label: str) -> Any:
     """The tool as offered under a hosted server's label."""
-    import dataclasses
-
     if dataclasses.is_dataclass(tool) and not isinstance(tool, type):
         return dataclasses.replace(tool, server=label)
     return tool
@@ -244,53 +306,3 @@ def listed_tool(tool: Any) -> dict[str, Any]:
         "input_schema": tool.input_schema or {"type": "object", "properties": {}},
         "annotations": None,
     }
-
-
-async def resume_approvals(
-    prepared: Any, tools: RequestTools, translator: Any, body: dict[str, Any], timeout: float
-) -> list[dict[str, Any]]:
-    """Run (or decline) the tool calls the client answered with `mcp_approval_response` items.
-
-    Raises:
-        InvalidRequest: a response names no approval request in the conversation.
-    """
-    answers = [item for item in prepared.input if getattr(item, "type", None) == "mcp_approval_response"]
-    if not answers:
-        return []
-    asked = {
-        data.get("id"): data
-        for data in (item.model_dump() for item in [*prepared.history, *prepared.input])
-        if data.get("type") == "mcp_approval_request"
-    }
-    events: list[dict[str, Any]] = []
-    for answer in answers:
-        data = answer.model_dump()
-        request_id = data.get("approval_request_id")
-        ask = asked.get(request_id)
-        if ask is None:
-            raise InvalidRequest(
-                f"No mcp_approval_request with id '{request_id}' in this conversation.",
-                param="input",
-                code="approval_request_not_found",
-            )
-        name, arguments, label = ask.get("name", ""), ask.get("arguments") or "{}", ask.get("server_label", "")
-        if data.get("approve") is True:
-            with trio.move_on_after(timeout) as waited:
-                outcome = await tools.run(RoundCall(request_id, request_id, name, arguments, label))
-            if waited.cancelled_caught:
-                outcome = ToolOutcome(error=f"the tool call timed out after {timeout:g} s")
-            events += translator.record_mcp_call(
-                label, name, arguments, output=outcome.output, error=outcome.error, approval_request_id=request_id
-            )
-            result = outcome.text_for_model
-        else:
-            result = "The user did not approve this tool call." + (f" Reason: {data['reason']}" if data.get("reason") else "")
-        body["messages"].append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [{"id": request_id, "type": "function", "function": {"name": name, "arguments": arguments}}],
-            }
-        )
-        body["messages"].append({"role": "tool", "tool_call_id": request_id, "content": result})
-    return events

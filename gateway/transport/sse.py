@@ -1,0 +1,262 @@
+"""Server-sent events: response bodies that run a turn and write its events as they come.
+
+A streamed body owns the request's nursery: opened in `__aenter__` and
+closed in `__aexit__`, both in the task that runs the HTTP layer's send
+loop (never inside an async generator).  In it run two siblings linked by
+one memory channel of encoded bytes:
+
+    the turn (backend rounds, tool calls) --bytes--> send loop (writes)
+    the heartbeat ticker                  --bytes--/
+
+Each write coalesces what is queued.  The turn ends its stream with a
+terminal event whatever fails; only a client that leaves (cancellation
+from the connection) ends it without one.  These bodies turn event batches
+into bytes and decide nothing about the protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+
+import orjson
+import trio
+from quart.wrappers.response import ResponseBody
+
+from ..errors import error_json
+from ..streams.chat_session import ChatSession
+from ..streams.sse import encode_comment, encode_done, encode_event
+from ..turn import Turn, run_rounds
+from ..turn.tools import RequestTools
+
+__all__ = ["SSE_HEADERS", "ChatCompletionStream", "DeferredHeadBody", "EventChannelBody", "TurnEventStream"]
+
+log = logging.getLogger("gateway.sse")
+
+SSE_HEADERS = {
+    "content-type": "text/event-stream; charset=utf-8",
+    "cache-control": "no-cache",
+    "x-accel-buffering": "no",
+}
+_JSON_HEADERS = {"content-type": "application/json"}
+# How long a stream's status may wait for the backend's first answer: an
+# error status it gives by then (unknown model, context too long) is passed
+# on as that status; later, the stream is committed.
+_MAX_HEAD_WAIT = 1.0
+
+
+class DeferredHeadBody(ResponseBody):
+    """A response body that decides its status and headers after starting.
+
+    The HTTP layer enters the body, awaits `head()` and only then sends the
+    status line: the body may first wait (bounded) for its upstream's answer.
+    """
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        raise NotImplementedError
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        raise NotImplementedError
+
+
+class EventChannelBody(DeferredHeadBody):
+    """A streamed body fed by a memory channel of encoded bytes, with a heartbeat.
+
+    Writes coalesce what is already queued; the heartbeat sends an SSE
+    comment after `interval` seconds without a write.  `produce` is the one
+    producer besides the heartbeat; it owns the sending end it is given.
+    """
+
+    def __init__(self, heartbeat_interval: float) -> None:
+        self._interval = heartbeat_interval
+        self._out_recv: trio.MemoryReceiveChannel[bytes] | None = None
+        self._last_write = 0.0
+        self._heartbeat_scope = trio.CancelScope()
+        # One scope per sibling: cancelling the nursery's own scope would also
+        # cancel the HTTP layer's send loop, which runs inside it.
+        self._producer_scope = trio.CancelScope()
+        self._nursery_cm: Any = None
+        self.client_left = False
+        self.first_write_at: float | None = None
+
+    async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> EventChannelBody:
+        self._last_write = trio.current_time()
+        self._nursery_cm = trio.open_nursery()
+        nursery = await self._nursery_cm.__aenter__()
+        out_send, self._out_recv = trio.open_memory_channel[bytes](256)
+        nursery.start_soon(self._run_heartbeat, out_send.clone())
+        nursery.start_soon(self._run_producer, out_send)
+        return self
+
+    def __aiter__(self) -> EventChannelBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = await self._next_write()
+        if self.first_write_at is None:
+            self.first_write_at = self._last_write
+        return data
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is not None and issubclass(exc_type, trio.Cancelled):
+            self.client_left = True
+        # Everything useful has been sent (or the client left): stop the siblings.
+        self._producer_scope.cancel()
+        self._heartbeat_scope.cancel()
+        try:
+            await self._nursery_cm.__aexit__(exc_type, exc, tb)
+        finally:
+            if self._out_recv is not None:
+                self._out_recv.close()
+            self.closed()
+
+    def closed(self) -> None:
+        """Called once the body is done (sent, or the client left)."""
+
+    async def _run_producer(self, out_send: trio.MemorySendChannel[bytes]) -> None:
+        async with out_send:
+            with self._producer_scope:
+                try:
+                    await self.produce(out_send)
+                finally:
+                    self._heartbeat_scope.cancel()
+
+    async def _next_write(self) -> bytes:
+        """Everything queued, as one write; StopAsyncIteration when the producers are done."""
+        assert self._out_recv is not None
+        try:
+            first = await self._out_recv.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        parts = [first]
+        receive_nowait = self._out_recv.receive_nowait
+        while True:
+            try:
+                parts.append(receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        self._last_write = trio.current_time()
+        return first if len(parts) == 1 else b"".join(parts)
+
+    async def _run_heartbeat(self, out_send: trio.MemorySendChannel[bytes]) -> None:
+        comment = encode_comment()
+        async with out_send:
+            with self._heartbeat_scope:
+                while True:
+                    deadline = self._last_write + self._interval
+                    if trio.current_time() >= deadline:
+                        await out_send.send(comment)
+                        self._last_write = trio.current_time()
+                        continue
+                    await trio.sleep_until(deadline)
+
+
+class TurnEventStream(EventChannelBody):
+    """A streamed `/v1/responses` body: one turn, its events as SSE."""
+
+    def __init__(self, turn: Turn, *, heartbeat_interval: float) -> None:
+        super().__init__(heartbeat_interval)
+        self.turn = turn
+        self._json_error: bytes | None = None
+
+    async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
+        async def emit(events: list[dict[str, Any]]) -> None:
+            await send_soon(out, b"".join([encode_event(event) for event in events]))
+
+        await self.turn.run(emit)
+        await out.send(encode_done())
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        """Status and headers, decided before the first byte is sent.
+
+        Waits for the backend's first answer for half a heartbeat interval
+        (at most `_MAX_HEAD_WAIT`): the client never waits longer than a
+        heartbeat for its first bytes, and a later failure arrives as
+        `error` + `response.failed`.
+        """
+        with trio.move_on_after(min(self._interval / 2, _MAX_HEAD_WAIT)):
+            await self.turn.answered.wait()
+        rejection = self.turn.rejection
+        if rejection is not None:
+            self._json_error = error_json(rejection)
+            self.turn.outcome.http_status = rejection.status
+            return rejection.status, dict(_JSON_HEADERS)
+        return 200, dict(SSE_HEADERS)
+
+    async def __anext__(self) -> bytes:
+        if self._json_error is not None:
+            data, self._json_error = self._json_error, b""
+            if not data:
+                raise StopAsyncIteration
+            return data
+        return await super().__anext__()
+
+    def closed(self) -> None:
+        outcome = self.turn.outcome
+        outcome.client_left = self.client_left
+        if self.first_write_at is not None:
+            outcome.first_event_at = self.first_write_at
+        self.turn.observe()
+
+
+class ChatCompletionStream(EventChannelBody):
+    """A streamed `/v1/chat/completions` body with the gateway's tool loop.
+
+    Heartbeats are SSE comments, so clients wait through tool rounds.
+    """
+
+    def __init__(
+        self,
+        session: ChatSession,
+        *,
+        backend: Any,
+        tools: RequestTools,
+        heartbeat_interval: float,
+        call_timeout: float,
+        concurrency: int,
+    ) -> None:
+        super().__init__(heartbeat_interval)
+        self._session = session
+        self._backend = backend
+        self._tools = tools
+        self._call_timeout = call_timeout
+        self._concurrency = concurrency
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        return 200, dict(SSE_HEADERS)
+
+    async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
+        async def emit(chunks: list[dict[str, Any]]) -> None:
+            if chunks:
+                await send_soon(out, b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks]))
+
+        await run_rounds(
+            self._session,
+            self._backend,
+            emit,
+            self._tools,
+            call_timeout=self._call_timeout,
+            concurrency=self._concurrency,
+        )
+        await out.send(encode_done())
+
+
+async def send_soon(channel: trio.MemorySendChannel[Any], value: Any) -> None:
+    """Queue without yielding when there is room.
+
+    A plain `send` is a scheduling round per chunk: the turn and the writer
+    would take turns for every token, and every token would become its own
+    write to the client.  Queueing lets a burst of chunks that arrived
+    together leave together; a full buffer still pushes back.
+    """
+    try:
+        channel.send_nowait(value)
+    except trio.WouldBlock:
+        await channel.send(value)

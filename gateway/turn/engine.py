@@ -1,0 +1,485 @@
+"""The turn engine: one response, from a parsed request to its stored end, for every transport.
+
+    prepare_turn   before anything is sent, so that a request that cannot be
+                   served gets a clear error in OpenAI's shape: the
+                   conversation (`previous_response_id`, item references),
+                   the plan (the chat request and the response skeleton),
+                   the hosted MCP servers' URLs checked, the session.
+    Turn.run       in a nursery the transport owns, beside its heartbeat: the
+                   hosted MCP servers connected and listed, the tools offered
+                   (the client's functions, configured and hosted MCP tools),
+                   approved calls resumed, the backend rounds and the
+                   gateway's tool calls.  Each batch of events goes to the
+                   transport's `emit` as it is produced; the response is
+                   stored before its terminal event; whatever fails, exactly
+                   one terminal event ends the stream.
+    TurnOutcome    status, model, usage, timings and error, handed to the
+                   observers (the request log line) when the turn ends.
+
+`run_rounds` is the one loop that drives a session (Responses events, or
+chat chunks for `/v1/chat/completions`) through backend rounds and tool
+calls.  Nothing here knows HTTP, Quart, or how events become bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+import trio
+
+from .. import conversation
+from ..backend import ChatBackend
+from ..config import Settings
+from ..errors import BackendStatusError, BackendStreamError, GatewayError, InternalError, InvalidRequest, StoreUnavailable
+from ..sealing import Sealer
+from ..store import ResponseStore, StoredResponse
+from ..store.base import save_retrying
+from ..streams.session import ResponseSession
+from ..streams.translator import ResponseTranslator, RoundCall
+from ..translate import ChatPlan, TranslateOptions, plan_chat_request
+from ..wire import CreateResponseRequest
+from .tools import (
+    HostedSpec,
+    RequestTools,
+    ToolOutcome,
+    ToolSource,
+    check_hosted,
+    hosted_specs,
+    listed_tool,
+    open_hosted,
+    run_calls,
+)
+
+__all__ = ["Emit", "Resources", "Session", "Turn", "TurnOutcome", "prepare_turn", "run_rounds"]
+
+log = logging.getLogger("gateway.turn")
+
+Event = dict[str, Any]
+Emit = Callable[[list[Event]], Awaitable[None]]
+
+
+@dataclass
+class Resources:
+    """What every turn shares: the app's backend, store, MCP servers and settings (owned by the app)."""
+
+    settings: Settings
+    backend: ChatBackend
+    store: ResponseStore
+    mcp: ToolSource | None
+    sealer: Sealer
+    clock: Callable[[], float]
+    ids: Callable[[str], str]
+    observers: list[Callable[[TurnOutcome], None]] = field(default_factory=list)
+
+    @property
+    def options(self) -> TranslateOptions:
+        return TranslateOptions(open_sealed=self.sealer.open)
+
+
+@dataclass
+class TurnOutcome:
+    """How one turn went, for the log line (and, later, limits and metrics)."""
+
+    response_id: str
+    model: str
+    transport: str
+    started: float  # trio time
+    status: str = "in_progress"
+    http_status: int = 200
+    first_event_at: float | None = None
+    finished_at: float | None = None
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    rounds: int = 0
+    client_left: bool = False
+
+
+class Session(Protocol):
+    """What `run_rounds` drives: a pure state machine over backend rounds (see streams.session)."""
+
+    request: dict[str, Any]
+    calls: list[RoundCall]
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def round_over(self) -> bool: ...
+
+    def feed(self, chunk: Any) -> list[Any]: ...
+
+    def end_of_stream(self) -> list[Any]: ...
+
+    def fail(self, code: str, message: str, *, type: str = ..., param: str | None = ...) -> list[Any]: ...
+
+    def tool_result(self, call: RoundCall, *, output: str | None = ..., error: str | None = ...) -> list[Any]: ...
+
+    def tools_done(self) -> list[Any]: ...
+
+
+async def run_rounds(
+    session: Session,
+    backend: ChatBackend,
+    emit: Callable[[list[Any]], Awaitable[None]],
+    tools: RequestTools,
+    *,
+    call_timeout: float,
+    concurrency: int,
+    on_answer: Callable[[GatewayError | None], None] | None = None,
+) -> GatewayError | None:
+    """Drive `session` through backend rounds and the gateway's tool calls until it is done.
+
+    Each batch of events goes to `emit` in order.  A backend failure ends
+    the session (`error` + the failure) and is returned, for transports that
+    answer with an HTTP error.  `on_answer` hears each round's backend
+    answer (None) or failure before anything of it is emitted.
+    """
+    failure: GatewayError | None = None
+    while not session.done:
+        failure = await _run_round(session, backend, emit, on_answer) or failure
+        if session.calls:
+
+            async def report(call: RoundCall, outcome: ToolOutcome) -> None:
+                await emit(session.tool_result(call, output=outcome.output, error=outcome.error))
+
+            await run_calls(tools, session.calls, report, call_timeout=call_timeout, concurrency=concurrency)
+            await emit(session.tools_done())
+    return failure
+
+
+async def _run_round(
+    session: Session,
+    backend: ChatBackend,
+    emit: Callable[[list[Any]], Awaitable[None]],
+    on_answer: Callable[[GatewayError | None], None] | None,
+) -> GatewayError | None:
+    try:
+        async with backend.open_chat_stream(session.request) as stream:
+            if on_answer is not None:
+                on_answer(None)
+            eager = _EAGER_BATCHES
+            window_end = trio.current_time() + _BATCH_WINDOW
+            async for batch in stream:
+                events: list[Any] = []
+                for chunk in batch:
+                    events += session.feed(chunk)
+                await emit(events)
+                if session.done and not stream.saw_done:
+                    return None  # failed on a chunk: nothing more to read
+                # Batching buys throughput but must not hold tokens back: the
+                # first batches leave at once, later ones at least every window.
+                if eager or trio.current_time() >= window_end:
+                    eager = max(0, eager - 1)
+                    await trio.lowlevel.checkpoint()
+                    window_end = trio.current_time() + _BATCH_WINDOW
+            await emit(session.end_of_stream())
+    except GatewayError as error:
+        if on_answer is not None:
+            on_answer(error)
+        await emit(session.fail(error.code or "server_error", error.message, type=error.type, param=error.param))
+        return error
+    return None
+
+
+# While the backend's bytes are already buffered the round does not yield on
+# its own; it is made to, so that no token waits longer than this to be sent.
+_BATCH_WINDOW = 0.0005
+_EAGER_BATCHES = 2
+
+
+# --- preparing a turn ----------------------------------------------------------------------
+
+
+async def prepare_turn(
+    resources: Resources,
+    req: CreateResponseRequest,
+    *,
+    transport: str,
+    gateway_tools: bool = True,
+    cached: tuple[str, Sequence[Any]] | None = None,
+) -> Turn:
+    """Everything that can refuse the request, done before any byte is sent.
+
+    `cached` is a WebSocket connection's copy of its latest response (its
+    id, and the items it continues from): `previous_response_id` naming it
+    is answered from there, so that `store: false` turns can continue.
+
+    Raises:
+        InvalidRequest: the request cannot be served as it is (400).
+        NotFound: `previous_response_id` names no stored response.
+        StoreUnavailable: the store failed.
+    """
+    settings = resources.settings
+    if req.background and req.store is False:
+        raise InvalidRequest(
+            "Background responses must be stored: 'store' cannot be false.", param="store", code="invalid_value"
+        )
+    if cached is not None:
+        prepared = await conversation.prepare(resources.store, req.model_copy(update={"previous_response_id": None}), resources.ids)
+        prepared.history = [*cached[1], *prepared.history]
+    else:
+        prepared = await conversation.prepare(resources.store, req, resources.ids)
+    response_id = resources.ids("resp")
+    plan = plan_chat_request(
+        req,
+        response_id=response_id,
+        created_at=int(resources.clock()),
+        options=resources.options,
+        history=prepared.history,
+        items=prepared.input,
+    )
+    hosted = hosted_specs(req.tools)
+    await check_hosted(hosted, resources.mcp, _allow_list(settings))
+    translator = ResponseTranslator(
+        plan.response,
+        ids=resources.ids,
+        clock=resources.clock,
+        reasoning_events=settings.reasoning_events,
+        allowed_tools=plan.allowed_tools,
+        input_tokens_estimate=lambda: len(orjson.dumps(plan.body["messages"])) // 4,
+        tool_kinds=plan.tool_kinds,
+        seal_reasoning=(lambda text: resources.sealer.seal("reasoning", {"text": text}))
+        if "reasoning.encrypted_content" in (req.include or ())
+        else None,
+    )
+    outcome = TurnOutcome(response_id, str(plan.body["model"]), transport, trio.current_time())
+    return Turn(resources, req, prepared, plan, translator, hosted, gateway_tools, outcome)
+
+
+def _allow_list(settings: Settings) -> list[str]:
+    return [entry.strip() for entry in settings.mcp_allowed_urls.split(",") if entry.strip()]
+
+
+class Turn:
+    """One response being produced: its request, conversation, plan and session."""
+
+    def __init__(
+        self,
+        resources: Resources,
+        req: CreateResponseRequest,
+        prepared: conversation.Prepared,
+        plan: ChatPlan,
+        translator: ResponseTranslator,
+        hosted: list[HostedSpec],
+        gateway_tools: bool,
+        outcome: TurnOutcome,
+    ) -> None:
+        self.resources = resources
+        self.req = req
+        self.prepared = prepared
+        self.plan = plan
+        self.translator = translator
+        self.session = ResponseSession(translator, plan.body, max_rounds=resources.settings.max_tool_call_iterations)
+        self.outcome = outcome
+        self.events: list[Event] = []  # everything emitted, for the stored record
+        self.answered = trio.Event()  # the first backend round answered (or failed)
+        self.rejection: GatewayError | None = None  # the backend refused before producing anything
+        self.failure: GatewayError | None = None  # what failed the response, when a gateway error did
+        self._hosted = hosted
+        self._gateway_tools = gateway_tools
+
+    @property
+    def response(self) -> dict[str, Any]:
+        return self.translator.response
+
+    @property
+    def store(self) -> bool:
+        return self.req.store is not False
+
+    def record(self, events: list[Event], response: dict[str, Any] | None = None) -> StoredResponse:
+        """The stored form of this response, with `events` as its event log."""
+        return conversation.record_for(self.req, self.prepared, dict(response or self.response), events)
+
+    async def run(
+        self, emit: Emit, *, persist: Callable[[StoredResponse], Awaitable[list[Event] | None]] | None = None
+    ) -> None:
+        """Produce the response to its terminal event, each batch of events to `emit`.
+
+        With `store`, the response is stored (by `persist`, default: saved,
+        retrying briefly) before its terminal event is emitted; if that
+        fails, `error` (`store_unavailable`) and `response.failed` take its
+        place.  `persist` may return other events to end with instead (the
+        response already ended elsewhere).  Never raises but for
+        cancellation (the client left, or shutdown).
+        """
+        settings = self.resources.settings
+        session = self.session
+        held: list[Event] = []
+
+        async def hold_terminal(events: list[Event]) -> None:
+            if events and session.done and not held:
+                events, held[:] = events[:-1], events[-1:]
+            if events:
+                if self.outcome.first_event_at is None:
+                    self.outcome.first_event_at = trio.current_time()
+                self.events += events
+                await emit(events)
+
+        try:
+            async with contextlib.AsyncExitStack() as stack:  # the hosted MCP sessions live here
+                tools = await self._offer_tools(stack, hold_terminal)
+                await self._resume_approvals(tools, hold_terminal)
+                failure = await run_rounds(
+                    session,
+                    self.resources.backend,
+                    hold_terminal,
+                    tools,
+                    call_timeout=settings.mcp_call_timeout,
+                    concurrency=settings.mcp_call_concurrency,
+                    on_answer=self._on_answer,
+                )
+                self._note_failure(failure)
+        except GatewayError as error:
+            self._note_failure(error)
+            await hold_terminal(session.fail(error.code or "server_error", error.message, type=error.type, param=error.param))
+        except Exception:
+            log.debug("turn %s failed", self.outcome.response_id, exc_info=True)
+            internal = InternalError("The gateway failed to process the response.")
+            self._note_failure(internal)
+            await hold_terminal(session.fail(internal.code or "server_error", internal.message, type=internal.type))
+        finally:
+            self.answered.set()
+        tail = held
+        if self.store and held:
+            tail = await self._store_before(held, persist)
+        self.events += tail
+        await emit(tail)
+        self._finish_outcome()
+
+    async def _store_before(
+        self, terminal: list[Event], persist: Callable[[StoredResponse], Awaitable[list[Event] | None]] | None
+    ) -> list[Event]:
+        record = self.record([*self.events, *terminal])
+        try:
+            if persist is None:
+                await save_retrying(self.resources.store, record, within=self.resources.settings.store_retry_seconds)
+                return terminal
+            instead = await persist(record)
+            return terminal if instead is None else instead
+        except Exception as exc:
+            log.warning("response %s could not be stored (%s)", self.outcome.response_id, type(exc).__name__)
+            if not isinstance(exc, StoreUnavailable):
+                log.debug("store failure", exc_info=True)
+            error = StoreUnavailable(_NOT_STORED)
+            retraction = self.translator.retract_terminal(error.code or "store_unavailable", _NOT_STORED)
+            if retraction:
+                self.failure = error
+            return retraction or terminal
+
+    def _on_answer(self, error: GatewayError | None) -> None:
+        if self.answered.is_set():
+            return
+        if isinstance(error, BackendStatusError) and 400 <= error.status < 500:
+            self.rejection = error  # the client's mistake (unknown model, context too long): its status stands
+        self.answered.set()
+
+    def _note_failure(self, error: GatewayError | None) -> None:
+        if error is not None:
+            self.failure = error
+
+    def error_for_json(self) -> GatewayError | None:
+        """The error a JSON transport answers with, when the response failed."""
+        if self.response.get("status") != "failed":
+            return None
+        if self.failure is not None:
+            return self.failure
+        error = self.response.get("error") or {}
+        return BackendStreamError(error.get("message") or "the backend reported an error", code=error.get("code"))
+
+    def _finish_outcome(self) -> None:
+        outcome = self.outcome
+        outcome.status = str(self.response.get("status"))
+        outcome.usage = self.response.get("usage")
+        outcome.error = self.response.get("error")
+        outcome.rounds = self.session.rounds + 1
+        outcome.finished_at = trio.current_time()
+
+    def observe(self) -> None:
+        """Hand the outcome to the observers (once the transport has filled in its part)."""
+        for observer in self.resources.observers:
+            try:
+                observer(self.outcome)
+            except Exception:
+                log.debug("an outcome observer failed", exc_info=True)
+
+    # --- tools ---------------------------------------------------------------------
+
+    async def _offer_tools(self, stack: contextlib.AsyncExitStack, emit: Emit) -> RequestTools:
+        """The gateway's tools for this response: hosted servers first, then configured ones."""
+        resources = self.resources
+        plan = self.plan
+        tools = RequestTools()
+        events = self.session.start()
+        if self._hosted:
+            listings = await open_hosted(
+                stack,
+                self._hosted,
+                resources.mcp,
+                tools,
+                connect_timeout=resources.settings.mcp_connect_timeout,
+            )
+            for listing in listings:
+                events += self.translator.list_tools(
+                    listing.spec.server_label, [listed_tool(t) for t in listing.tools], listing.error
+                )
+        if self._gateway_tools and resources.mcp is not None:
+            taken = {t["function"]["name"] for t in plan.body.get("tools", ())} | set(tools.routes)
+            for tool in resources.mcp.tools():
+                if tool.name not in taken:
+                    tools.add(resources.mcp, tool)
+        if tools.routes and plan.allowed_tools is None:
+            plan.body.setdefault("tools", []).extend(tools.chat_tools)
+            self.translator.set_gateway_tools(tools.routes, tools.approval)
+        await emit(events)
+        return tools
+
+    async def _resume_approvals(self, tools: RequestTools, emit: Emit) -> None:
+        """Run (or decline) the calls the client answered with `mcp_approval_response` items.
+
+        Raises:
+            InvalidRequest: a response names no approval request in the conversation.
+        """
+        answers = [item for item in self.prepared.input if getattr(item, "type", None) == "mcp_approval_response"]
+        if not answers:
+            return
+        asked = {
+            data.get("id"): data
+            for data in (item.model_dump() for item in [*self.prepared.history, *self.prepared.input])
+            if data.get("type") == "mcp_approval_request"
+        }
+        settings = self.resources.settings
+        for answer in answers:
+            data = answer.model_dump()
+            request_id = data.get("approval_request_id")
+            ask = asked.get(request_id)
+            if ask is None:
+                raise InvalidRequest(
+                    f"No mcp_approval_request with id '{request_id}' in this conversation.",
+                    param="input",
+                    code="approval_request_not_found",
+                )
+            call = RoundCall(
+                request_id, request_id, ask.get("name", ""), ask.get("arguments") or "{}", ask.get("server_label", "")
+            )
+            if data.get("approve") is not True:
+                self.session.decline(call, data.get("reason"))
+                continue
+            results: list[ToolOutcome] = []
+
+            async def keep(_call: RoundCall, outcome: ToolOutcome) -> None:
+                results.append(outcome)
+
+            await run_calls(tools, [call], keep, call_timeout=settings.mcp_call_timeout, concurrency=1)
+            outcome = results[0]
+            await emit(self.session.resume(call, output=outcome.output, error=outcome.error, approval_request_id=request_id))
+
+
+_NOT_STORED = (
+    "The response was generated but could not be stored, so it cannot be retrieved or continued; "
+    "retry the request."
+)
