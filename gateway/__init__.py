@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .errors import GatewayError
     from .server import serve
     from .streams.translator import ResponseTranslator
-    from .translate import plan_chat_request
+    from .turn.plan import plan_chat_request
     from .wire import parse_create_request
 
 # Imported on first use: `import gateway.streams.translator` (the pure core)
@@ -28,7 +28,7 @@ _LAZY = {
     "create_app": ".app",
     "load_settings": ".config",
     "parse_create_request": ".wire",
-    "plan_chat_request": ".translate",
+    "plan_chat_request": ".turn.plan",
     "serve": ".server",
 }
 

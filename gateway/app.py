@@ -21,9 +21,8 @@ from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from . import conversation, web
-from .backend import ChatBackend, OpenAICompatibleBackend
-from .background import BackgroundRunner
+from . import web
+from .backends import Backend, OpenAICompatibleBackend
 from .config import Settings
 from .errors import BackendStreamError, GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
 from .logs import add_log_secrets
@@ -33,6 +32,7 @@ from .store import ResponseStore, open_store
 from .streams.chat_session import ChatSession, collect_chat_completion
 from .streams.sse import encode_done, encode_event, event_json
 from .streams.translator import random_id
+from .transport.background import BackgroundRunner
 from .transport.sse import ChatCompletionStream, DeferredHeadBody, TurnEventStream
 from .turn import Resources, Turn, TurnOutcome, prepare_turn, run_rounds
 from .turn.tools import RequestTools, ToolSource, gateway_tools_enabled
@@ -63,7 +63,7 @@ class _GatewayHTTPConnection(TrioASGIHTTPConnection):
 class GatewayApp(QuartTrio):
     asgi_http_class = _GatewayHTTPConnection
     settings: Settings
-    backend: ChatBackend
+    backend: Backend
     store: ResponseStore
     runner: BackgroundRunner
     resources: Resources
@@ -82,7 +82,7 @@ def error_response(error: GatewayError) -> Response:
 def create_app(
     settings: Settings,
     *,
-    backend: ChatBackend | None = None,
+    backend: Backend | None = None,
     store: ResponseStore | None = None,
     mcp: ToolSource | None = None,
     clock: Callable[[], float] = time.time,
@@ -285,11 +285,8 @@ def create_app(
         final = turn.response
         if final.get("status") == "failed" and previous:
             latest.pop(previous, None)
-        history_items = [i.model_dump(exclude_none=True) for i in turn.prepared.history]
         latest.clear()  # only the latest response is kept on the connection
-        latest[final["id"]] = conversation.to_wire(
-            [*history_items, *turn.prepared.input_records, *(final.get("output") or ())]
-        )
+        latest[final["id"]] = turn.conversation_so_far()
         return True
 
     async def _ws_send(events: list[dict[str, Any]]) -> None:

@@ -17,8 +17,8 @@ from typing import Any, cast
 import trio
 from quart import Response, current_app, request
 
-from .backend import ChatBackend
-from .background import TERMINAL, BackgroundJob
+from .backends import PassthroughBackend
+from .transport.background import TERMINAL, BackgroundJob
 from .errors import GatewayError, InvalidRequest, RequestTooLarge, error_json
 from .store import StoredResponse
 from .transport.sse import DeferredHeadBody
@@ -218,7 +218,7 @@ class PassthroughBody(DeferredHeadBody):
     """Relays one `/v1/{path}` request to the backend, streaming the answer."""
 
     def __init__(
-        self, backend: ChatBackend, method: str, path: str, query: bytes, headers: dict[str, str], body: bytes
+        self, backend: PassthroughBackend, method: str, path: str, query: bytes, headers: dict[str, str], body: bytes
     ) -> None:
         self._backend = backend
         self._args = (method, path, query, headers, body)

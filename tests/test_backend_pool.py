@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from gateway.backend import _SHARD_SIZE, _ShardedPool
+from gateway.backends.openai import _SHARD_SIZE, _ShardedPool
 
 
 def test_leases_stay_on_the_first_shard_until_it_is_full():

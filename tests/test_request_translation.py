@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from spec import validate_response
 
 from gateway.errors import InvalidRequest
-from gateway.translate import ChatPlan, TranslateOptions, plan_chat_request
+from gateway.turn.plan import ChatPlan, TranslateOptions, plan_chat_request
 from gateway.wire import parse_create_request
 
 RESPONSE_ID = "resp_test"
@@ -518,13 +518,13 @@ def test_chat_style_function_tools_are_accepted() -> None:
 def test_hosted_tools_are_skipped_listed_and_logged_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     # configure_logging() stops "gateway" records at its own handlers; caplog listens at the root.
     monkeypatch.setattr(logging.getLogger("gateway"), "propagate", True)
-    caplog.set_level(logging.WARNING, logger="gateway.translate")
+    caplog.set_level(logging.WARNING, logger="gateway.plan")
     hosted = [{"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["vs_1"]}, {"type": "mcp", "server_label": "x"}]
     result = plan(tools=[hosted[0], function_tool("lookup"), *hosted[1:]])
     assert [t["function"]["name"] for t in result.body["tools"]] == ["lookup"]
-    # mcp is not skipped: the gateway serves it (gateway.toolbox), so translation leaves it out silently.
+    # mcp is not skipped: the gateway serves it (gateway.turn.tools), so translation leaves it out silently.
     assert result.skipped_tools == ["web_search", "file_search"]
-    warnings = [r for r in caplog.records if r.name == "gateway.translate" and r.levelno == logging.WARNING]
+    warnings = [r for r in caplog.records if r.name == "gateway.plan" and r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert [t["name"] for t in result.response["tools"]] == ["lookup"]
     validate_response(result.response)

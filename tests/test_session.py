@@ -17,7 +17,7 @@ from gateway.streams.chat_session import ChatSession, collect_chat_completion
 from gateway.streams.chunks import DONE
 from gateway.streams.session import ResponseSession
 from gateway.streams.translator import ResponseTranslator, RoundCall
-from gateway.translate import plan_chat_request
+from gateway.turn.plan import plan_chat_request
 from gateway.wire import parse_create_request
 from scripted_backend import call_delta, chunk, usage_chunk
 from spec import validate_event, validate_response

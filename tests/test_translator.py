@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.streams import ResponseTranslator, usage_from_chat
-from gateway.translate import plan_chat_request
+from gateway.turn.plan import plan_chat_request
 from gateway.wire import parse_create_request
 from scripted_backend import SCENARIOS, USAGE, call_delta, chunk, usage_chunk
 from spec import validate_event, validate_response

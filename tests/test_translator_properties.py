@@ -34,7 +34,7 @@ from gateway.errors import GatewayError
 from gateway.streams import DONE, ChunkDecoder, ResponseTranslator, SSEDecoder
 from gateway.streams.session import ResponseSession
 from gateway.streams.sse import SSETooLarge
-from gateway.translate import plan_chat_request
+from gateway.turn.plan import plan_chat_request
 from gateway.wire import parse_create_request
 from scripted_backend import CLOSE, SCENARIOS, call_delta, chunk
 from spec import validate_event, validate_response

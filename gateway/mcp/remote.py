@@ -61,7 +61,7 @@ class RemoteSession:
     """A connected MCP server: list its tools, call them.
 
     `tools()` returns the last listing without I/O, so a session can serve
-    where a manager would (`gateway.toolbox.ToolSource`).
+    where a manager would (`gateway.turn.tools.ToolSource`).
     """
 
     def __init__(self, connection: Connection, server_label: str, transport: ServerType) -> None:

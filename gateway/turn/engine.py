@@ -32,8 +32,7 @@ from typing import Any, Protocol
 import orjson
 import trio
 
-from .. import conversation
-from ..backend import ChatBackend
+from ..backends import ChatBackend
 from ..config import Settings
 from ..errors import BackendStatusError, BackendStreamError, GatewayError, InternalError, InvalidRequest, StoreUnavailable
 from ..sealing import Sealer
@@ -41,7 +40,8 @@ from ..store import ResponseStore, StoredResponse
 from ..store.base import save_retrying
 from ..streams.session import ResponseSession
 from ..streams.translator import ResponseTranslator, RoundCall
-from ..translate import ChatPlan, TranslateOptions, plan_chat_request
+from . import conversation
+from .plan import ChatPlan, TranslateOptions, plan_chat_request
 from ..wire import CreateResponseRequest
 from .tools import (
     HostedSpec,
@@ -290,6 +290,11 @@ class Turn:
     @property
     def store(self) -> bool:
         return self.req.store is not False
+
+    def conversation_so_far(self) -> list[Any]:
+        """The wire items a next turn continues from: the history, this turn's input, its output."""
+        history = [item.model_dump(exclude_none=True) for item in self.prepared.history]
+        return conversation.to_wire([*history, *self.prepared.input_records, *(self.response.get("output") or ())])
 
     def record(self, events: list[Event], response: dict[str, Any] | None = None) -> StoredResponse:
         """The stored form of this response, with `events` as its event log."""

@@ -15,8 +15,8 @@ from typing import Any
 
 import orjson
 
-from .errors import InvalidRequest
-from .wire import (
+from ..errors import InvalidRequest
+from ..wire import (
     CreateResponseRequest,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -32,7 +32,7 @@ from .wire import (
 
 __all__ = ["ChatPlan", "ToolKind", "TranslateOptions", "flat_name", "plan_chat_request"]
 
-log = logging.getLogger("gateway.translate")
+log = logging.getLogger("gateway.plan")
 
 # Items in input that record the gateway's own work and carry nothing for the model.
 _CONTEXT_ONLY_ITEMS = frozenset({"mcp_list_tools", "mcp_approval_request", "mcp_approval_response"})
@@ -464,7 +464,7 @@ def _tools(
     for index, tool, namespace in expanded:
         kind = tool.get("type")
         if kind == "mcp":
-            continue  # hosted MCP servers are the gateway's to run (gateway.toolbox)
+            continue  # hosted MCP servers are the gateway's to run (gateway.turn.tools)
         if kind == "custom" and isinstance(tool.get("name"), str) and tool["name"]:
             flat = flat_name(namespace, tool["name"])
             chat.append(_custom_function(tool, flat))

@@ -1,34 +1,34 @@
-"""Backends: turn a chat request into a stream of decoded chunks.
+"""The OpenAI-compatible adapter: any server that speaks `/v1/chat/completions`.
 
-A backend adapter owns how the model server is reached: URL layout, auth,
-timeouts, connection limits, and the conversion of transport failures into
-`BackendError`s (done here, once).  It knows nothing about the Responses API
-or about how events reach the client.  `ChatBackend` is the interface; the
-OpenAI-compatible Chat Completions adapter is the one implementation today.
+It owns how such a server is reached: URL layout, auth, timeouts,
+connection limits, reading and decoding the SSE body into chunk batches,
+redacting its own secrets from whatever comes back, and the conversion of
+httpx2's failures into `BackendError`s (done here, once).  It knows nothing
+about the Responses API or about how events reach the client.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import httpx2
 import orjson
 import trio
 
-from .config import Settings
-from .errors import (
+from ..config import Settings
+from ..errors import (
     BackendError,
     BackendStatusError,
     BackendTimeout,
     BackendUnavailable,
     GatewayError,
 )
-from .redact import Redactor
-from .streams.chunks import ChunkDecoder
+from ..redact import Redactor
+from ..streams.chunks import ChunkDecoder
 
-__all__ = ["ChatBackend", "ChatStream", "OpenAICompatibleBackend", "PassthroughResponse"]
+__all__ = ["ChatStream", "OpenAICompatibleBackend", "PassthroughResponse", "backend_error_from", "map_backend_errors"]
 
 _MAX_ERROR_BODY = 64 * 1024
 
@@ -205,27 +205,6 @@ class PassthroughResponse:
             if data:
                 return data
         raise StopAsyncIteration
-
-
-class ChatBackend(Protocol):
-    def open_chat_stream(self, body: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[ChatStream]:
-        """Start a streaming chat completion.
-
-        Raises:
-            BackendStatusError: the backend answered with an error status.
-            BackendError: it could not be reached or timed out.
-        """
-        ...
-
-    def open_passthrough(
-        self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
-    ) -> contextlib.AbstractAsyncContextManager[PassthroughResponse]:
-        """Forward any other `/v1/{path}` request as it is (`path`: normalised, percent-encoded).
-
-        Raises:
-            BackendError: it could not be reached or timed out.
-        """
-        ...
 
 
 class OpenAICompatibleBackend:

@@ -30,11 +30,11 @@ from typing import Any
 
 import trio
 
-from .errors import InternalError, StoreUnavailable
-from .store import ResponseStore, StoredResponse
-from .store.base import save_retrying
-from .streams.translator import fail_recorded
-from .turn import Turn
+from ..errors import InternalError, StoreUnavailable
+from ..store import ResponseStore, StoredResponse
+from ..store.base import save_retrying
+from ..streams.translator import fail_recorded
+from ..turn import Turn
 
 __all__ = ["LEASE_SECONDS", "BackgroundJob", "BackgroundRunner", "queued_snapshot"]
 

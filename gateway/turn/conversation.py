@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from .errors import InvalidRequest, NotFound
-from .store import ResponseStore, StoredResponse
-from .wire import CreateResponseRequest, InputItem, ItemReference
+from ..errors import InvalidRequest, NotFound
+from ..store import ResponseStore, StoredResponse
+from ..wire import CreateResponseRequest, InputItem, ItemReference
 
 __all__ = ["Prepared", "input_item_records", "prepare", "record_for", "to_wire"]
 

@@ -1,0 +1,74 @@
+"""Backends: adapters that turn a chat request into batches of decoded chunks.
+
+    ChatBackend     the interface the turn engine uses: `open_chat_stream(body)`
+                    gives a `ChatChunks` (batches of decoded chunks, `DONE` at
+                    the end of a batch when the backend sent `[DONE]`)
+    Passthrough     the interface `/v1/{path}` uses: a request forwarded as it is
+    openai.py       `OpenAICompatibleBackend`, both interfaces over HTTP
+
+An adapter owns reaching its server (URLs, auth, timeouts, pools), decoding
+its stream, and mapping its library's failures to `BackendError`s.  A new
+kind of backend is one more module here; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
+
+from .openai import OpenAICompatibleBackend
+
+__all__ = ["Backend", "ChatBackend", "ChatChunks", "OpenAICompatibleBackend", "Passthrough", "PassthroughBackend"]
+
+
+class ChatChunks(Protocol):
+    """One backend round's answer: batches of decoded chunks.
+
+    Raises (from iteration):
+        BackendError: the backend failed, timed out or sent something that
+            is not a chunk.
+    """
+
+    @property
+    def saw_done(self) -> bool:
+        """The backend ended with `[DONE]` (not by closing its body)."""
+        ...
+
+    def __aiter__(self) -> AsyncIterator[list[Any]]: ...
+
+
+class ChatBackend(Protocol):
+    def open_chat_stream(self, body: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[ChatChunks]:
+        """Start a streaming chat completion.
+
+        Raises:
+            BackendStatusError: the backend answered with an error status.
+            BackendError: it could not be reached or timed out.
+        """
+        ...
+
+
+class Passthrough(Protocol):
+    """A forwarded request's answer: status, headers, and the body as it arrives."""
+
+    status: int
+    headers: dict[str, str]
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+
+class PassthroughBackend(Protocol):
+    def open_passthrough(
+        self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
+    ) -> contextlib.AbstractAsyncContextManager[Passthrough]:
+        """Forward any other `/v1/{path}` request as it is (`path`: normalised, percent-encoded).
+
+        Raises:
+            BackendError: it could not be reached or timed out.
+        """
+        ...
+
+
+class Backend(ChatBackend, PassthroughBackend, Protocol):
+    """A backend that serves both: what the app is given."""
