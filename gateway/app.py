@@ -24,6 +24,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from . import web
 from .backends import Backend, OpenAICompatibleBackend
 from .config import Settings
+from .edge import Edge
 from .errors import BackendStreamError, GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
 from .logs import add_log_secrets
 from .redact import Redactor
@@ -96,6 +97,8 @@ def create_app(
     """
     app = GatewayApp(__name__)
     app.settings = settings
+    # Quart's middleware convention: the edge wraps everything the server hands in.
+    app.asgi_app = Edge(app.asgi_app, max_websockets=settings.websocket_max_connections)  # type: ignore[method-assign,arg-type,assignment]
     sealer = Sealer(settings.gateway_secret_key or None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # long streams must never be cut by the framework

@@ -63,10 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
     from .logs import configure_logging
-    from .server import run
+    from .server import StartupError, run
 
     configure_logging(settings)
     for warning in environment_warnings():
         logging.getLogger("gateway").warning("%s", warning)
-    run(settings, host=args.host, port=args.port, workers=args.workers)
-    return 0
+    try:
+        return run(settings, host=args.host, port=args.port, workers=args.workers)
+    except StartupError as error:
+        print(f"gateway: {error}", file=sys.stderr)
+        return 2

@@ -65,6 +65,14 @@ class Settings(BaseSettings):
     max_request_body_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="Largest accepted request body; larger ones get 413."
     )
+    websocket_max_connections: int = Field(
+        1000, ge=1, description="WebSocket connections one process holds at once; more are refused with 429."
+    )
+    request_header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a request's line and headers may take to arrive once its first byte has (slow clients are cut off).",
+    )
     websocket_max_age: float = Field(
         3600.0, gt=0, description="Seconds a WebSocket connection may stay open (the spec's 60-minute limit)."
     )

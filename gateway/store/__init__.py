@@ -6,7 +6,9 @@ embedded default), `memory` or `redis`.
 
 from __future__ import annotations
 
-from ..config import Settings
+import sqlite3
+
+from ..config import ConfigError, Settings
 from .base import ResponseStore, StoredResponse
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
@@ -15,6 +17,11 @@ __all__ = ["MemoryStore", "ResponseStore", "SQLiteStore", "StoredResponse", "ope
 
 
 def open_store(settings: Settings) -> ResponseStore:
+    """The store the settings choose.
+
+    Raises:
+        ConfigError: the SQLite file cannot be opened (a directory, no permission).
+    """
     ttl = settings.store_ttl or None
     if settings.store_backend == "memory":
         return MemoryStore(max_entries=settings.max_conversation_history, ttl=ttl)
@@ -22,4 +29,8 @@ def open_store(settings: Settings) -> ResponseStore:
         from .redis import RedisStore
 
         return RedisStore(settings.redis_url, ttl=ttl)
-    return SQLiteStore(settings.sqlite_path, ttl=ttl)
+    try:
+        return SQLiteStore(settings.sqlite_path, ttl=ttl)
+    except (OSError, sqlite3.Error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"SQLITE_PATH: cannot open the SQLite store at {settings.sqlite_path!r}: {reason}") from None

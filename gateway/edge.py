@@ -1,0 +1,196 @@
+"""The ASGI edge: what every request passes before the app, and what never passes back to the server.
+
+Owns, for every HTTP request and WebSocket, whatever the server and the
+framework leave open:
+
+- requests with both `Content-Length` and `Transfer-Encoding` are refused
+  (400, connection closed): proxies and servers that disagree on which one
+  frames the body are how requests get smuggled;
+- control characters in the decoded path are refused (400 `invalid_path`);
+- concurrent WebSockets are capped (`WEBSOCKET_MAX_CONNECTIONS`): over the
+  cap the handshake is answered 429;
+- nothing the app raises reaches the server: before the response started
+  it becomes a 500 in OpenAI's shape, after it the connection is simply
+  ended (hypercorn would otherwise try a 500 in the middle of a body and
+  take the whole process down);
+- the last body message is sent shielded: hypercorn closes the connection
+  (`Connection: close`, HTTP/1.0) from inside that send, and quart-trio
+  cancels the request's nursery as soon as the server says the stream is
+  over, which would leave such connections open for ever.
+
+It knows the ASGI message shapes and the error envelope, nothing of routes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import trio
+
+from .errors import GatewayError, InternalError, InvalidRequest, error_json
+
+__all__ = ["Edge", "TooManyWebSockets"]
+
+log = logging.getLogger("gateway.edge")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_CLOSE_GRACE = 10.0  # bounds the shielded last send (it only ever waits on a slow client)
+
+
+class TooManyWebSockets(GatewayError):
+    status = 429
+    type = "invalid_request_error"
+    code = "rate_limit_exceeded"
+
+
+class Edge:
+    """Wraps an ASGI app; see the module docstring."""
+
+    def __init__(self, app: ASGIApp, *, max_websockets: int) -> None:
+        self._app = app
+        self._max_websockets = max_websockets
+        self.websockets = 0  # open now, in this process
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        else:
+            await self._app(scope, receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = _refusal(scope)
+        if refusal is not None:
+            # The body is read first: answering while the server is still
+            # parsing the request races its own handling of what follows.
+            await _drain(receive)
+            await _respond(send, refusal, close=True)
+            return
+        started = False
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
+                    await send(message)
+                return
+            await send(message)
+
+        try:
+            await self._app(scope, receive, guarded_send)
+        except BaseException as exc:
+            if not _is_failure(exc):
+                raise
+            _log_failure(scope, exc)
+            if not started:
+                await _respond(send, InternalError("The gateway failed to process the request."), close=False)
+            # After the status line nothing more can be said: the connection is ended unfinished.
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = _refusal(scope)
+        if refusal is None and self.websockets >= self._max_websockets:
+            refusal = TooManyWebSockets(
+                f"This gateway holds its maximum of {self._max_websockets} WebSocket connections; try again later."
+            )
+        if refusal is not None:
+            await _deny(scope, receive, send, refusal)
+            return
+        self.websockets += 1
+        accepted = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal accepted
+            if message["type"] == "websocket.accept":
+                accepted = True
+            await send(message)
+
+        try:
+            await self._app(scope, receive, tracking_send)
+        except BaseException as exc:
+            if not _is_failure(exc):
+                raise
+            _log_failure(scope, exc)
+            if accepted:
+                await send({"type": "websocket.close", "code": 1011})
+            else:
+                await _deny(scope, receive, send, InternalError("The gateway failed to open the connection."))
+        finally:
+            self.websockets -= 1
+
+
+def _refusal(scope: Scope) -> GatewayError | None:
+    """Why the request is refused before the app sees it, or None."""
+    path = scope.get("path", "")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        return InvalidRequest("The request path contains control characters.", code="invalid_path")
+    if scope["type"] == "http":
+        names = {name.lower() for name, _ in scope.get("headers", ())}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            return InvalidRequest(
+                "A request may not carry both Content-Length and Transfer-Encoding.", code="invalid_request"
+            )
+    return None
+
+
+async def _drain(receive: Receive, limit: int = 1 << 20) -> None:
+    """Read (and drop) a refused request's body, at most `limit` bytes."""
+    seen = 0
+    with trio.move_on_after(_CLOSE_GRACE):
+        while seen <= limit:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            seen += len(message.get("body", b""))
+
+
+async def _respond(send: Send, error: GatewayError, *, close: bool) -> None:
+    body = error_json(error)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))  # h11 then closes once the response is sent
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _deny(scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
+    """Refuse a WebSocket handshake with an HTTP error response (or a close where the server cannot)."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        body = error_json(error)
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": error.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1013})
+
+
+def _is_failure(exc: BaseException) -> bool:
+    """An error of the app's (to contain), not cancellation or an interpreter exit (to pass on)."""
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split((trio.Cancelled, KeyboardInterrupt, SystemExit))
+        return rest is not None
+    return isinstance(exc, Exception)
+
+
+def _log_failure(scope: Scope, exc: BaseException) -> None:
+    log.error("the app failed on %s %s (%s)", scope.get("method", "WEBSOCKET"), scope.get("path"), type(exc).__name__)
+    log.debug("app failure", exc_info=exc)
