@@ -148,3 +148,19 @@ def validate_event(event: dict[str, Any]) -> None:
 
 def validate_response(response: dict[str, Any]) -> None:
     _cached_validator("ResponseResource").validate(_without_extensions(response))
+
+
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def check_events(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """One response's events are spec-valid, numbered 0, 1, 2, ..., and end with their one
+    terminal event; returns the final response."""
+    assert all(isinstance(e, dict) for e in events)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    for event in events:
+        validate_event(event)
+    terminals = [e for e in events if e["type"] in TERMINAL_EVENTS]
+    assert len(terminals) == 1 and terminals[0] is events[-1]
+    validate_response(terminals[0]["response"])
+    return dict(terminals[0]["response"])

@@ -12,7 +12,7 @@ import trio
 
 from conftest import parse_sse
 from scripted_backend import SCENARIOS
-from spec import validate_event, validate_response
+from spec import check_events, validate_event, validate_response
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 
@@ -26,15 +26,7 @@ async def stream(client: httpx2.AsyncClient, url: str, body: dict[str, Any]) -> 
 def check_stream(frames: list[Any]) -> dict[str, Any]:
     """Spec-valid, contiguous, one terminal event then [DONE]; returns the final response."""
     assert frames[-1] == "[DONE]"
-    events = frames[:-1]
-    assert all(isinstance(e, dict) for e in events)
-    assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    for event in events:
-        validate_event(event)
-    terminals = [e for e in events if e["type"] in TERMINAL]
-    assert len(terminals) == 1 and terminals[0] is events[-1]
-    validate_response(terminals[0]["response"])
-    return terminals[0]["response"]
+    return check_events(frames[:-1])
 
 
 STREAM_SCENARIOS = {

@@ -41,6 +41,7 @@ def test_the_pure_core_loads_no_io_framework_or_client():
     probe = (
         "import sys\n"
         "import gateway.streams.translator, gateway.streams.sse, gateway.streams.chunks\n"
+        "import gateway.streams.session, gateway.streams.chat_session\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
         "{'quart', 'hypercorn', 'werkzeug', 'httpx2', 'httpcore', 'cryptography', 'trio', 'redis', 'mcp'}))\n"
     )

@@ -20,11 +20,10 @@ from gateway.streams.translator import ResponseTranslator, RoundCall
 from gateway.turn.plan import plan_chat_request
 from gateway.wire import parse_create_request
 from scripted_backend import call_delta, chunk, usage_chunk
-from spec import validate_event, validate_response
+from spec import check_events
 from test_translator_properties import CLOCK, CountingIds
 
 Event = dict[str, Any]
-TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 
 ADD_CALL = [chunk(call_delta(0, id="call_a", name="add", args='{"a": 2, "b": 3}')), chunk(finish="tool_calls"), usage_chunk()]
 ANSWER = [chunk({"content": "It is "}), chunk({"content": "5."}), chunk(finish="stop"), usage_chunk()]
@@ -44,16 +43,6 @@ def run_round(session: ResponseSession, script: list[Any], *, done: bool = True)
     for step in script:
         events += session.feed(step)
     return events + (session.feed(DONE) if done else session.end_of_stream())
-
-
-def check(events: list[Event]) -> dict[str, Any]:
-    assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    for event in events:
-        validate_event(event)
-    terminals = [e for e in events if e["type"] in TERMINAL]
-    assert len(terminals) == 1 and terminals[0] is events[-1]
-    validate_response(terminals[0]["response"])
-    return terminals[0]["response"]
 
 
 def two_rounds(session: ResponseSession, first: list[Any], second: list[Any]) -> list[Event]:
@@ -82,7 +71,7 @@ def test_a_gateway_call_ends_the_round_and_its_result_starts_the_next():
         {"role": "tool", "tool_call_id": "call_a", "content": "5"},
     ]
     events += run_round(session, ANSWER)
-    final = check(events)
+    final = check_events(events)
     assert final["status"] == "completed"
     assert [item["type"] for item in final["output"]] == ["mcp_call", "message"]
     assert final["output"][0]["output"] == "5" and final["output"][1]["content"][0]["text"] == "It is 5."
@@ -115,7 +104,7 @@ def test_client_calls_beside_gateway_calls_end_the_response_after_the_gateways_r
     assert [c.name for c in session.calls] == ["add"]
     events += session.tool_result(session.calls[0], output="0")
     events += session.tools_done()
-    final = check(events)
+    final = check_events(events)
     assert final["status"] == "completed"
     assert {i["type"] for i in final["output"]} == {"mcp_call", "function_call"}
 
@@ -127,36 +116,36 @@ def test_rounds_run_out_as_incomplete_max_tool_calls():
         events += run_round(session, ADD_CALL)
         events += session.tool_result(session.calls[0], output="5")
         events += session.tools_done()
-    final = check(events)
+    final = check_events(events)
     assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_tool_calls"}
     assert session.rounds == 2
 
 
 def test_without_a_tool_loop_the_first_round_ends_the_response():
     session = make_session(max_rounds=None)
-    final = check(session.start() + run_round(session, ADD_CALL))
+    final = check_events(session.start() + run_round(session, ADD_CALL))
     assert final["status"] == "completed" and session.calls == []
 
 
 def test_a_cut_off_round_does_not_run_its_calls():
     session = make_session()
     cut = [chunk(call_delta(0, id="call_a", name="add", args='{"a": 2')), chunk(finish="length")]
-    final = check(session.start() + run_round(session, cut))
+    final = check_events(session.start() + run_round(session, cut))
     assert final["status"] == "incomplete" and session.calls == []
 
 
 def test_approval_requests_are_the_clients_to_answer():
     session = make_session(approval={"add"})
-    final = check(session.start() + run_round(session, ADD_CALL))
+    final = check_events(session.start() + run_round(session, ADD_CALL))
     assert session.calls == [] and final["output"][0]["type"] == "mcp_approval_request"
 
 
 def test_the_end_of_the_body_after_a_finish_reason_ends_the_round_and_without_one_fails():
     session = make_session(max_rounds=None)
-    final = check(session.start() + run_round(session, ANSWER, done=False))
+    final = check_events(session.start() + run_round(session, ANSWER, done=False))
     assert final["status"] == "completed"
     session = make_session(max_rounds=None)
-    final = check(session.start() + run_round(session, ANSWER[:2], done=False))
+    final = check_events(session.start() + run_round(session, ANSWER[:2], done=False))
     assert final["status"] == "failed" and final["error"]["code"] == "backend_stream_ended"
 
 
@@ -170,7 +159,7 @@ def test_resumed_and_declined_approvals_are_in_the_first_request():
     assert (item["type"], item["approval_request_id"], item["output"]) == ("mcp_call", "mcpr_9", "2")
     tool_messages = [m for m in session.request["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in tool_messages] == ["2", "The user did not approve this tool call. Reason: no"]
-    final = check(events + run_round(session, ANSWER))
+    final = check_events(events + run_round(session, ANSWER))
     assert [i["type"] for i in final["output"]] == ["mcp_call", "message"]
 
 
@@ -181,7 +170,7 @@ def test_a_backend_failure_in_a_later_round_keeps_what_the_earlier_ones_made():
     events += session.tools_done()
     events += session.feed(chunk({"content": "It"}))
     events += session.fail("backend_timeout", "timed out waiting for the backend")
-    final = check(events)
+    final = check_events(events)
     assert final["status"] == "failed"
     assert [i["type"] for i in final["output"]] == ["mcp_call", "message"]
     assert final["output"][1]["status"] == "incomplete"
@@ -209,8 +198,8 @@ def test_a_two_round_turn_gives_the_same_events_however_the_chunks_are_split(dat
     expected = two_rounds(reference, ADD_CALL, ANSWER)
     session = make_session()
     events = two_rounds(session, split(ADD_CALL), split(ANSWER))
-    final = check(events)
-    assert final["output"] == check(expected)["output"]
+    final = check_events(events)
+    assert final["output"] == check_events(expected)["output"]
     assert session.request["messages"] == reference.request["messages"]
 
 

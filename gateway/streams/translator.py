@@ -150,20 +150,15 @@ def chunk_problem(chunk: Any) -> str | None:
     """
     if not isinstance(chunk, dict):
         return f"a chunk must be a JSON object, not {_kind(chunk)}"
-    usage = chunk.get("usage")
-    if usage is not None and not isinstance(usage, dict):
-        return f"'usage' must be an object, not {_kind(usage)}"
-    choices = chunk.get("choices")
-    if choices is None:
-        return None
-    if not isinstance(choices, list):
-        return f"'choices' must be a list, not {_kind(choices)}"
-    for choice in choices:
+    problem = _mistyped(chunk, "usage", dict) or _mistyped(chunk, "choices", list)
+    if problem:
+        return problem
+    for choice in chunk.get("choices") or ():
         if not isinstance(choice, dict):
             return f"a choice must be an object, not {_kind(choice)}"
-        finish = choice.get("finish_reason")
-        if finish is not None and not isinstance(finish, str):
-            return f"'finish_reason' must be a string, not {_kind(finish)}"
+        problem = _mistyped(choice, "finish_reason", str)
+        if problem:
+            return problem
         delta = choice.get("delta")
         if delta is None:
             delta = choice.get("message")
@@ -171,27 +166,19 @@ def chunk_problem(chunk: Any) -> str | None:
             continue
         if not isinstance(delta, dict):
             return f"'delta' must be an object, not {_kind(delta)}"
-        for name in ("reasoning_content", "refusal"):
-            value = delta.get(name)
-            if value is not None and not isinstance(value, str):
-                return f"'delta.{name}' must be a string, not {_kind(value)}"
         content = delta.get("content")
-        if content is not None and not isinstance(content, str):
-            if not (isinstance(content, list) and all(isinstance(part, dict) for part in content)):
-                return f"'delta.content' must be a string, not {_kind(content)}"
-        tool_calls = delta.get("tool_calls")
-        if tool_calls is not None:
-            if not isinstance(tool_calls, list):
-                return f"'delta.tool_calls' must be a list, not {_kind(tool_calls)}"
-            for call in tool_calls:
-                problem = _call_problem(call, "delta.tool_calls[]")
-                if problem is not None:
-                    return problem
-        function_call = delta.get("function_call")
-        if function_call is not None:
-            problem = _function_problem(function_call, "delta.function_call")
-            if problem is not None:
-                return problem
+        if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+            content = None  # text parts
+        problem = (
+            _mistyped({"content": content}, "content", str, where="delta.")
+            or _mistyped(delta, "reasoning_content", str, where="delta.")
+            or _mistyped(delta, "refusal", str, where="delta.")
+            or _mistyped(delta, "tool_calls", list, where="delta.")
+            or next(filter(None, (_call_problem(call, "delta.tool_calls[]") for call in delta.get("tool_calls") or ())), None)
+            or _function_problem(delta.get("function_call"), "delta.function_call")
+        )
+        if problem:
+            return problem
     return None
 
 
@@ -199,25 +186,35 @@ def _call_problem(call: Any, where: str) -> str | None:
     if not isinstance(call, dict):
         return f"'{where}' must be an object, not {_kind(call)}"
     index = call.get("index")
-    if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
-        return f"'{where}.index' must be an integer, not {_kind(index)}"
-    call_id = call.get("id")
-    if call_id is not None and not isinstance(call_id, str):
-        return f"'{where}.id' must be a string, not {_kind(call_id)}"
-    function = call.get("function")
-    return None if function is None else _function_problem(function, f"{where}.function")
+    if isinstance(index, bool):
+        return f"'{where}.index' must be an integer, not a boolean"
+    return (
+        _mistyped(call, "index", int, where=f"{where}.")
+        or _mistyped(call, "id", str, where=f"{where}.")
+        or _function_problem(call.get("function"), f"{where}.function")
+    )
 
 
 def _function_problem(function: Any, where: str) -> str | None:
+    if function is None:
+        return None
     if not isinstance(function, dict):
         return f"'{where}' must be an object, not {_kind(function)}"
-    name = function.get("name")
-    if name is not None and not isinstance(name, str):
-        return f"'{where}.name' must be a string, not {_kind(name)}"
-    arguments = function.get("arguments")
-    if arguments is not None and not isinstance(arguments, (str, dict)):
-        return f"'{where}.arguments' must be a string, not {_kind(arguments)}"
-    return None
+    return _mistyped(function, "name", str, where=f"{where}.") or _mistyped(
+        function, "arguments", (str, dict), where=f"{where}."
+    )
+
+
+_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer"}
+
+
+def _mistyped(container: dict[str, Any], key: str, kinds: type | tuple[type, ...], *, where: str = "") -> str | None:
+    """Why `container[key]` is neither null nor of `kinds`, or None."""
+    value = container.get(key)
+    if value is None or isinstance(value, kinds):
+        return None
+    first = kinds[0] if isinstance(kinds, tuple) else kinds
+    return f"'{where}{key}' must be {_TYPE_NAMES[first]}, not {_kind(value)}"
 
 
 def _kind(value: Any) -> str:
