@@ -70,6 +70,16 @@ class GatewayApp(QuartTrio):
     resources: Resources
     mcp: ToolSource | None = None
 
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # Every connection passes the edge (gateway.edge), however the app is
+        # served: gateway.serve, `hypercorn gateway.asgi:app`, an embedder's server.
+        edge = self.extensions.get("gateway.edge")
+        if edge is None:  # made on first use: `settings` is set after construction
+            edge = self.extensions["gateway.edge"] = Edge(
+                self.asgi_app, max_websockets=self.settings.websocket_max_connections
+            )
+        await edge(scope, receive, send)
+
 
 def _json(data: bytes, status: int = 200) -> Response:
     return Response(data, status=status, content_type="application/json")
@@ -97,8 +107,6 @@ def create_app(
     """
     app = GatewayApp(__name__)
     app.settings = settings
-    # Quart's middleware convention: the edge wraps everything the server hands in.
-    app.asgi_app = Edge(app.asgi_app, max_websockets=settings.websocket_max_connections)  # type: ignore[method-assign,arg-type,assignment]
     sealer = Sealer(settings.gateway_secret_key or None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # long streams must never be cut by the framework

@@ -11,8 +11,9 @@ framework leave open:
   cap the handshake is answered 429;
 - nothing the app raises reaches the server: before the response started
   it becomes a 500 in OpenAI's shape, after it the connection is simply
-  ended (hypercorn would otherwise try a 500 in the middle of a body and
-  take the whole process down);
+  ended; and the status line is sent shielded (hypercorn, seeing an app
+  end whose start it had not recorded, would try a 500 in the middle of a
+  response, and that error took the whole process down);
 - the last body message is sent shielded: hypercorn closes the connection
   (`Connection: close`, HTTP/1.0) from inside that send, and quart-trio
   cancels the request's nursery as soon as the server says the stream is
@@ -24,6 +25,7 @@ It knows the ASGI message shapes and the error envelope, nothing of routes.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -31,7 +33,7 @@ import trio
 
 from .errors import GatewayError, InternalError, InvalidRequest, error_json
 
-__all__ = ["Edge", "TooManyWebSockets"]
+__all__ = ["Edge", "TooManyWebSockets", "is_failure"]
 
 log = logging.getLogger("gateway.edge")
 
@@ -39,9 +41,12 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+# Servers and frameworks each spell the ASGI types their own way (hypercorn's
+# TypedDicts, Quart's): the wrapped app is taken as any ASGI callable.
+ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 _CLOSE_GRACE = 10.0  # bounds the shielded last send (it only ever waits on a slow client)
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
 
 
 class TooManyWebSockets(GatewayError):
@@ -78,23 +83,35 @@ class Edge:
         started = False
 
         async def guarded_send(message: Message) -> None:
+            # On the path of every body chunk: one lookup for the chunks in between.
             nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            if message.get("more_body", False):
+                await send(message)
+            elif message["type"] == "http.response.body":  # the last one
                 with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
                     await send(message)
-                return
-            await send(message)
+            elif message["type"] == "http.response.start":
+                started = True
+                # Shielded, and without a deadline: cancelled half-way (after h11
+                # took the status line, before hypercorn's stream noted it),
+                # hypercorn would answer 500 in the middle of the response.
+                # hypercorn shields the socket write itself; this adds only its lock.
+                with trio.CancelScope(shield=True):
+                    await send(message)
+            else:
+                await send(message)
 
         try:
             await self._app(scope, receive, guarded_send)
         except BaseException as exc:
-            if not _is_failure(exc):
+            if not is_failure(exc):
                 raise
             _log_failure(scope, exc)
             if not started:
-                await _respond(send, InternalError("The gateway failed to process the request."), close=False)
+                try:
+                    await _respond(send, InternalError("The gateway failed to process the request."), close=False)
+                except Exception:  # the server itself refused: the connection is already lost
+                    pass
             # After the status line nothing more can be said: the connection is ended unfinished.
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -104,7 +121,8 @@ class Edge:
                 f"This gateway holds its maximum of {self._max_websockets} WebSocket connections; try again later."
             )
         if refusal is not None:
-            await _deny(scope, receive, send, refusal)
+            if (await receive())["type"] == "websocket.connect":
+                await _deny(scope, send, refusal)
             return
         self.websockets += 1
         accepted = False
@@ -118,25 +136,27 @@ class Edge:
         try:
             await self._app(scope, receive, tracking_send)
         except BaseException as exc:
-            if not _is_failure(exc):
+            if not is_failure(exc):
                 raise
             _log_failure(scope, exc)
-            if accepted:
-                await send({"type": "websocket.close", "code": 1011})
-            else:
-                await _deny(scope, receive, send, InternalError("The gateway failed to open the connection."))
+            try:
+                if accepted:
+                    await send({"type": "websocket.close", "code": 1011})
+                else:  # the app has taken the handshake's connect message: answer it
+                    await _deny(scope, send, InternalError("The gateway failed to open the connection."))
+            except Exception:  # the server itself refused: the connection is already lost
+                pass
         finally:
             self.websockets -= 1
 
 
 def _refusal(scope: Scope) -> GatewayError | None:
     """Why the request is refused before the app sees it, or None."""
-    path = scope.get("path", "")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+    if _CONTROL_CHARACTER.search(scope.get("path", "")):
         return InvalidRequest("The request path contains control characters.", code="invalid_path")
     if scope["type"] == "http":
-        names = {name.lower() for name, _ in scope.get("headers", ())}
-        if b"content-length" in names and b"transfer-encoding" in names:
+        names = [name for name, _ in scope.get("headers", ())]  # ASGI header names are lower case
+        if b"transfer-encoding" in names and b"content-length" in names:
             return InvalidRequest(
                 "A request may not carry both Content-Length and Transfer-Encoding.", code="invalid_request"
             )
@@ -159,16 +179,14 @@ async def _respond(send: Send, error: GatewayError, *, close: bool) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if close:
         headers.append((b"connection", b"close"))  # h11 then closes once the response is sent
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+    with trio.CancelScope(shield=True):  # shielded as in `Edge._http`, for the same reasons
+        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        with trio.move_on_after(_CLOSE_GRACE):
+            await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _deny(scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
+async def _deny(scope: Scope, send: Send, error: GatewayError) -> None:
     """Refuse a WebSocket handshake with an HTTP error response (or a close where the server cannot)."""
-    message = await receive()
-    if message["type"] != "websocket.connect":
-        return
     if "websocket.http.response" in (scope.get("extensions") or {}):
         body = error_json(error)
         await send(
@@ -183,11 +201,12 @@ async def _deny(scope: Scope, receive: Receive, send: Send, error: GatewayError)
         await send({"type": "websocket.close", "code": 1013})
 
 
-def _is_failure(exc: BaseException) -> bool:
+def is_failure(exc: BaseException) -> bool:
     """An error of the app's (to contain), not cancellation or an interpreter exit (to pass on)."""
     if isinstance(exc, BaseExceptionGroup):
+        exits, _ = exc.split((KeyboardInterrupt, SystemExit))
         _, rest = exc.split((trio.Cancelled, KeyboardInterrupt, SystemExit))
-        return rest is not None
+        return exits is None and rest is not None
     return isinstance(exc, Exception)
 
 

@@ -5,16 +5,21 @@
 calls: one process, or several worker processes sharing the listening
 sockets.
 
-The loop is ours (hypercorn's `worker_serve`, reduced to what the gateway
-uses) for what hypercorn has no setting for:
+The loop is ours (hypercorn's trio `worker_serve`, reduced to what the
+gateway uses) for what hypercorn has no setting for:
 
 - a request's line and headers must arrive within `REQUEST_HEADER_TIMEOUT`
-  once its first byte has (a client trickling headers holds a connection,
-  and hypercorn's only timer is the 75 s keep-alive one);
-- SIGTERM and SIGINT shut down in order: the app's shutdown runs (running
-  background responses are recorded as cancelled) and the process exits 0;
+  once its first byte has (a client trickling headers would otherwise hold a
+  connection until the 75 s keep-alive timer);
+- SIGTERM and SIGINT shut down in order: listening stops, the app's shutdown
+  runs (running background responses are recorded as cancelled) and the
+  process exits 0;
 - a gateway that cannot start (its store cannot be opened) says why in one
   line instead of a traceback, and never claims to be serving.
+
+hypercorn's `run` cannot be reused for `--workers N`: its workers construct
+hypercorn's own `TCPServer`, so the header deadline would be lost there.
+What the app sees of HTTP (the edge rules) lives in `gateway.edge`, not here.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import logging
 import math
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from multiprocessing import get_context
 from multiprocessing.connection import wait
 from multiprocessing.synchronize import Event as EventType
@@ -33,9 +38,10 @@ from typing import Any
 import h11
 import trio
 from hypercorn.config import Config, Sockets
+from hypercorn.events import Closed, RawData
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
-from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import (
@@ -49,10 +55,13 @@ from hypercorn.utils import (
 
 from .app import GatewayApp, create_app
 from .config import ConfigError, Settings
+from .edge import is_failure
 
 __all__ = ["StartupError", "hypercorn_config", "run", "serve"]
 
 log = logging.getLogger("gateway")
+
+_SEND_408_WITHIN = 1.0  # seconds; the 408 is a courtesy to a client that is already too slow
 
 
 class StartupError(Exception):
@@ -109,8 +118,8 @@ async def _serve_sockets(
 ) -> None:
     """One worker: the app's lifespan, then connections until shutdown.
 
-    Mirrors hypercorn's trio `worker_serve` without QUIC, TLS or statsd,
-    with `_GatewayTCPServer` for connections.
+    Raises:
+        StartupError: the app's startup failed.
     """
     app = wrap_app(app, config.wsgi_max_body_size, "asgi")
     lifespan_state: dict[str, Any] = {}
@@ -149,13 +158,14 @@ async def _serve_connections(
     shutdown_trigger: Callable[[], Awaitable[None]] | None,
     task_status: trio.TaskStatus[str],
 ) -> None:
+    """Accept connections until shutdown; then stop listening and give open ones `graceful_timeout`."""
     context = WorkerContext(None)
+    listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets.insecure_sockets]
+    binds = [f"http://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in sockets.insecure_sockets]
+    handler = functools.partial(
+        _GatewayTCPServer, app, config, context, ConnectionState(lifespan_state.copy()), settings.request_header_timeout
+    )
     async with trio.open_nursery() as server_nursery:
-        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets.insecure_sockets]
-        binds = [f"http://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in sockets.insecure_sockets]
-        handler = functools.partial(
-            _GatewayTCPServer, app, config, context, ConnectionState(lifespan_state.copy()), settings.request_header_timeout
-        )
         log.info("serving the Responses gateway on %s (backend %s)", binds[0], settings.openai_base_url_internal)
         task_status.started(binds[0])
         try:
@@ -170,7 +180,9 @@ async def _serve_connections(
             if other is not None:
                 raise other
         finally:
-            await context.terminated.set()
+            for listener in listeners:
+                listener.socket.close()  # new connections are refused, not queued unanswered
+            await context.terminated.set()  # idle connections close; busy ones get the grace period
             server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
 
 
@@ -186,60 +198,96 @@ class _Lifespan(Lifespan):
 
 
 class _GatewayTCPServer(TCPServer):
-    """hypercorn's connection handler, with a deadline for each request's headers."""
+    """hypercorn's connection handler, with a deadline for each request's line and headers.
+
+    hypercorn runs one timer per connection (`_idle_timeout`, restarted
+    whenever the connection falls idle, stopped once a request's headers are
+    complete): the 75 s keep-alive timer.  Here the first byte of a request
+    cuts that timer short to `header_timeout` from that byte; when it fires
+    the client gets a 408 (if h11 can still send one) and the connection is
+    closed.  HTTP/1.1 only: h2c connections keep hypercorn's own timers.
+    """
 
     def __init__(self, app: Any, config: Config, context: Any, state: Any, header_timeout: float, stream: Any) -> None:
         super().__init__(app, config, context, state, stream)
         self._header_timeout = header_timeout
+        self._idle_timer: trio.CancelScope | None = None  # the running idle timer's scope, if any
+        self._headers_due: float | None = None  # set once a request has begun while the timer runs
+
+    async def run(self) -> None:
+        # hypercorn lets a failure of its own protocol code on one connection
+        # (an h11 LocalProtocolError, say) escape into the nursery that serves
+        # every connection, ending the process.  It ends this connection only.
+        try:
+            await super().run()
+        except BaseException as exc:
+            if not is_failure(exc):
+                raise
+            log.error("the HTTP server failed on one connection (%s); it is closed", type(exc).__name__)
+            log.debug("connection failure", exc_info=exc)
 
     async def _read_data(self) -> None:
-        headers_since: float | None = None  # when the first byte of a request whose headers are incomplete came
+        # hypercorn's loop, plus the one call that starts the header clock.
         while True:
-            deadline = math.inf if headers_since is None else headers_since + self._header_timeout
-            if self.config.read_timeout:
-                deadline = min(deadline, trio.current_time() + self.config.read_timeout)
             try:
-                with trio.fail_at(deadline):
-                    data = await self.stream.receive_some(2**16)
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                with trio.fail_after(self.config.read_timeout or math.inf):
+                    data = await self.stream.receive_some(MAX_RECV)
+            except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
                 break
-            except trio.TooSlowError:
-                # Nothing is being served on this connection: stop its keep-alive
-                # timer (the connection's task group waits for it) and close.
-                await self.idle_task.stop()
-                await self._close()
-                break
-            await self.protocol.handle(_raw(data))
+            await self.protocol.handle(RawData(bytes(data)))
             if data == b"":
                 break
-            if self._awaiting_headers():
-                if headers_since is None:
-                    headers_since = trio.current_time()
-            else:
-                headers_since = None
-        await self.protocol.handle(_closed())
+            self._start_header_clock()
+        await self.protocol.handle(Closed())
+
+    async def _idle_timeout(self) -> None:
+        with trio.CancelScope(deadline=trio.current_time() + self.config.keep_alive_timeout) as timer:
+            self._idle_timer, self._headers_due = timer, None
+            try:
+                self._start_header_clock()  # a pipelined request may already have begun
+                await self.context.terminated.wait()
+            finally:
+                if self._idle_timer is timer:  # unless a restarted timer took over already
+                    self._idle_timer = None
+        with trio.CancelScope(shield=True):
+            if timer.cancelled_caught and self._headers_due is not None:
+                await self._send_408()
+            await self._initiate_server_close()
+
+    def _start_header_clock(self) -> None:
+        timer = self._idle_timer
+        if timer is not None and self._headers_due is None and self._awaiting_headers():
+            # The connection is no longer idle: this deadline replaces the keep-alive one.
+            self._headers_due = timer.deadline = trio.current_time() + self._header_timeout
+
+    def _h11(self) -> h11.Connection | None:
+        protocol = getattr(self.protocol, "protocol", None)  # set once the connection is set up
+        if isinstance(protocol, H11Protocol) and isinstance(protocol.connection, h11.Connection):
+            return protocol.connection
+        return None  # HTTP/2, or upgraded to a WebSocket
 
     def _awaiting_headers(self) -> bool:
-        """A request has begun but its line and headers are not complete (HTTP/1.1 only)."""
-        protocol = getattr(self.protocol, "protocol", None)
-        if not isinstance(protocol, H11Protocol):
-            return False
-        connection = protocol.connection
-        if not isinstance(connection, h11.Connection):
-            return False  # upgraded to a WebSocket
-        return connection.their_state is h11.IDLE and bool(connection.trailing_data[0])
+        """Part of a request has arrived, but not yet its complete line and headers."""
+        connection = self._h11()
+        return connection is not None and connection.their_state is h11.IDLE and bool(connection.trailing_data[0])
 
-
-def _raw(data: bytes | bytearray) -> Any:
-    from hypercorn.events import RawData
-
-    return RawData(bytes(data))
-
-
-def _closed() -> Any:
-    from hypercorn.events import Closed
-
-    return Closed()
+    async def _send_408(self) -> None:
+        connection = self._h11()
+        if connection is None or connection.our_state is not h11.IDLE:
+            return
+        headers = [(b"content-length", b"0"), (b"connection", b"close"), *self.config.response_headers("h11")]
+        try:
+            data = connection.send(h11.Response(status_code=408, reason=b"Request Timeout", headers=headers))
+            data += connection.send(h11.EndOfMessage()) or b""
+        except h11.LocalProtocolError:
+            return
+        with trio.move_on_after(_SEND_408_WITHIN):
+            async with self.send_lock:
+                try:
+                    await self.stream.send_all(data)
+                    await self.stream.send_eof()  # a FIN after it, so the client reads it before the close
+                except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+                    pass
 
 
 def _startup_message(error: BaseException) -> str:
@@ -265,13 +313,13 @@ def run(settings: Settings, *, host: str | None = None, port: int | None = None,
 
 async def _serve_until_signalled(settings: Settings, host: str | None, port: int | None) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        await serve(settings, host=host, port=port, shutdown_trigger=functools.partial(_wait_for_signal, signals))
 
-        async def signalled() -> None:
-            async for signum in signals:
-                log.info("stopping (%s)", signal.Signals(signum).name)
-                return
 
-        await serve(settings, host=host, port=port, shutdown_trigger=signalled)
+async def _wait_for_signal(signals: AsyncIterator[int]) -> None:
+    async for signum in signals:
+        log.info("stopping (%s)", signal.Signals(signum).name)
+        return
 
 
 # --- several worker processes ---------------------------------------------------------------
@@ -296,7 +344,8 @@ def _run_workers(settings: Settings, *, host: str | None, port: int | None, work
         stopping = True
         stop.set()
 
-    # Workers inherit "ignore SIGINT": the parent decides when they stop.
+    # Workers inherit "ignore SIGINT" (a terminal's Ctrl-C reaches the whole
+    # process group): the parent decides when they stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     log.info("starting %d worker processes on %s", workers, config.bind[0])
     exitcode = 0
@@ -335,18 +384,32 @@ def _worker(settings: Settings, host: str | None, port: int | None, sockets: Soc
     from .logs import configure_logging
 
     configure_logging(settings)
-    config = hypercorn_config(settings, host=host, port=port)
     try:
-        trio.run(
-            functools.partial(
-                _serve_sockets,
-                create_app(settings),
-                config,
-                sockets,
-                settings,
-                functools.partial(check_multiprocess_shutdown_event, stop, trio.sleep),
-            )
-        )
+        trio.run(_serve_worker, settings, hypercorn_config(settings, host=host, port=port), sockets, stop)
     except (StartupError, ConfigError) as error:
         log.error("%s", error)
         sys.exit(_CANNOT_START)
+
+
+async def _serve_worker(settings: Settings, config: Config, sockets: Sockets, stop: EventType) -> None:
+    # The parent's stop event, or a SIGTERM of the worker's own: a service
+    # manager may signal every process of the service at once (systemd does).
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        stopped = functools.partial(
+            _first_of,
+            functools.partial(check_multiprocess_shutdown_event, stop, trio.sleep),
+            functools.partial(_wait_for_signal, signals),
+        )
+        await _serve_sockets(create_app(settings), config, sockets, settings, stopped)
+
+
+async def _first_of(*waits: Callable[[], Awaitable[None]]) -> None:
+    """Return as soon as one of `waits` returns."""
+    async with trio.open_nursery() as nursery:
+
+        async def run_one(wait_for: Callable[[], Awaitable[None]]) -> None:
+            await wait_for()
+            nursery.cancel_scope.cancel()
+
+        for wait_for in waits:
+            nursery.start_soon(run_one, wait_for)

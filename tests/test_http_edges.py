@@ -1,15 +1,17 @@
 """The HTTP edge over real sockets: what the server and framework left open, closed.
 
-An app failure after a stream started once took the whole process down;
-`Connection: close` and HTTP/1.0 connections were never closed; requests
-with both Content-Length and Transfer-Encoding were served; WebSockets were
-unlimited; headers trickled in slowly held a connection for 75 s; SIGTERM
-skipped the shutdown; a store that could not open printed a traceback after
-claiming to serve.
+An app failure after a stream started, or a response cancelled as it
+started, once took the whole process down; `Connection: close` and HTTP/1.0
+connections were never closed; requests with both Content-Length and
+Transfer-Encoding were served; control characters in a path were routed;
+WebSockets were unlimited; headers trickled in slowly held a connection for
+75 s; SIGTERM skipped the shutdown; a store that could not open printed a
+traceback after claiming to serve.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -22,26 +24,67 @@ import httpx2
 import orjson
 import pytest
 import trio
+import trio.testing
+from httpx2.websockets import WebSocketUpgradeError
 from quart import Response
 
 import gateway
-from conftest import SequentialIds, make_settings
+from conftest import SequentialIds, make_settings, parse_sse
+from gateway.store.sqlite import SQLiteStore
 from test_multi_instance_and_crash import STARTUP_SECONDS, LineReader, run_gateway_process
 from test_websocket import aconnect_ws, turn, ws_url
 
+STREAM_BODY = b'{"model":"text","input":"hi","stream":true}'
 
-async def exchange(url: str, request: bytes, *, until_closed: float = 10) -> tuple[bytes, bool]:
-    """Send raw bytes; everything the server answers, and whether it closed the connection."""
+
+async def connect(url: str) -> trio.SocketStream:
     host, port = url.removeprefix("http://").split(":")
-    stream = await trio.open_tcp_stream(host, int(port))
+    return await trio.open_tcp_stream(host, int(port))
+
+
+async def read_until_closed(stream: trio.SocketStream, *, within: float = 10) -> bytes:
+    """Everything the server sends until it closes the connection; fails if it does not close in time."""
     data = b""
-    async with stream:
-        await stream.send_all(request)
-        with trio.move_on_after(until_closed):
+    with trio.fail_after(within):
+        try:
             while chunk := await stream.receive_some():
                 data += chunk
-            return data, True
-    return data, False
+        except trio.BrokenResourceError:  # closed with a reset (bytes of ours were still unread)
+            pass
+    return data
+
+
+async def exchange(url: str, request: bytes) -> bytes:
+    """Send raw bytes; everything answered, once the server has closed the connection."""
+    async with await connect(url) as stream:
+        await stream.send_all(request)
+        return await read_until_closed(stream)
+
+
+def split_response(data: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.split(b"\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(b":") for line in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+def error_of(data: bytes) -> dict[str, Any]:
+    return orjson.loads(split_response(data)[2])["error"]  # type: ignore[no-any-return]
+
+
+def dechunk(body: bytes) -> bytes:
+    """A chunked body's content; asserts the framing is complete and nothing follows it."""
+    content = b""
+    while True:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            assert body == b"\r\n", body
+            return content
+        content, body = content + body[:size], body[size + 2 :]
+
+
+# --- nothing reaches the server's own error handling ----------------------------------------
 
 
 async def test_an_app_failing_after_its_stream_started_never_takes_the_process_down(backend, nursery, client, caplog):
@@ -66,6 +109,62 @@ async def test_an_app_failing_after_its_stream_started_never_takes_the_process_d
         assert (await client.get(url + "/health")).status_code == 200, attempt
     failures = [r for r in caplog.records if r.name == "gateway.edge"]
     assert len(failures) == 20 and all(r.exc_info is None for r in failures)
+    assert not [r for r in caplog.records if "Error in ASGI Framework" in r.getMessage()]
+
+
+async def test_a_response_cancelled_as_its_status_line_is_sent_never_takes_the_process_down(
+    backend, nursery, client, caplog
+):
+    # quart-trio cancels a response's send when its timeout passes; cancelled
+    # inside the status line's send, hypercorn once tried a 500 mid-response.
+    settings = make_settings(backend.url)
+    app = gateway.create_app(settings, ids=SequentialIds())
+
+    @app.get("/v1/cut")
+    async def cut() -> Response:
+        response = Response(b"never finished")
+        response.timeout = 0
+        return response
+
+    url = await nursery.start(functools.partial(gateway.serve, settings, app=app))
+    for attempt in range(20):
+        data = await exchange(url, b"GET /v1/cut HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert split_response(data)[0] == 200, attempt  # the status line got out whole; the body was cut
+        assert (await client.get(url + "/health")).status_code == 200, attempt
+    assert not [r for r in caplog.records if "failed on one connection" in r.getMessage()]  # the edge sufficed
+
+
+async def test_a_failure_inside_the_http_server_ends_its_connection_only(backend, nursery, client, caplog):
+    # Without the edge (any ASGI app): a response start cancelled half-way
+    # makes hypercorn's own cleanup raise h11's LocalProtocolError.
+    async def bare_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                kind = (await receive())["type"]
+                await send({"type": f"{kind}.complete"})
+                if kind == "lifespan.shutdown":
+                    return
+        elif scope["path"] == "/ok":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+        else:
+            with trio.CancelScope() as cut:
+                cut.cancel()
+                await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+
+    url = await nursery.start(functools.partial(gateway.serve, make_settings(backend.url), app=bare_app))  # type: ignore[arg-type]
+    for attempt in range(5):
+        assert await exchange(url, b"GET /cut HTTP/1.1\r\nHost: x\r\n\r\n") == b"", attempt
+        assert (await client.get(url + "/ok")).text == "ok", attempt
+    assert [r.exc_info for r in caplog.records if "failed on one connection" in r.getMessage()] == [None] * 5
+
+
+# --- Connection: close, HTTP/1.0 ------------------------------------------------------------
+
+
+def streamed_post(version: bytes, extra_header: bytes = b"") -> bytes:
+    head = b"POST /v1/responses HTTP/%s\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    return head % (version, extra_header, len(STREAM_BODY)) + STREAM_BODY
 
 
 @pytest.mark.parametrize(
@@ -73,96 +172,182 @@ async def test_an_app_failing_after_its_stream_started_never_takes_the_process_d
     [
         b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         b"GET /health HTTP/1.0\r\n\r\n",
-        b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 43\r\n\r\n" + b'{"model":"text","input":"hi","stream":true}',
-        b"POST /v1/responses HTTP/1.0\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 43\r\n\r\n" + b'{"model":"text","input":"hi","stream":true}',
+        streamed_post(b"1.1", b"Connection: close\r\n"),
+        streamed_post(b"1.0"),
     ],
+    ids=["GET Connection: close", "GET HTTP/1.0", "streamed POST Connection: close", "streamed POST HTTP/1.0"],
 )
-async def test_connection_close_and_http_1_0_clients_are_answered_and_closed(gateway_url, request_bytes):
-    data, closed = await exchange(gateway_url, request_bytes)
-    assert closed
-    assert data.startswith(b"HTTP/1.1 200")
-    assert data.rstrip(b"\r\n0").endswith((b'"running"}', b"data: [DONE]\n\n", b"data: [DONE]"))
+async def test_connection_close_and_http_1_0_clients_get_a_whole_response_and_a_closed_connection(
+    gateway_url, request_bytes
+):
+    status, headers, body = split_response(await exchange(gateway_url, request_bytes))
+    assert status == 200 and headers[b"connection"] == b"close"
+    if b"content-length" in headers:
+        assert len(body) == int(headers[b"content-length"])
+        assert orjson.loads(body)["adapter"] == "running"
+        return
+    if headers.get(b"transfer-encoding") == b"chunked":
+        body = dechunk(body)
+    frames = parse_sse(body)  # close-delimited (HTTP/1.0): the close ends the body
+    assert frames[-1] == "[DONE]" and frames[-2]["type"] == "response.completed"
 
 
-async def test_content_length_with_transfer_encoding_is_refused_and_the_connection_closed(gateway_url, backend):
-    data, closed = await exchange(
+# --- request smuggling, hostile paths ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [b"Content-Length: 44\r\nTransfer-Encoding: chunked\r\n", b"Transfer-Encoding: chunked\r\nContent-Length: 44\r\n"],
+    ids=["CL first", "TE first"],
+)
+async def test_content_length_with_transfer_encoding_is_refused_and_the_connection_closed(gateway_url, backend, framing):
+    data = await exchange(
         gateway_url,
-        b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 44\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + framing + b"\r\n"
+        b"0\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n",
     )
-    assert closed and data.startswith(b"HTTP/1.1 400"), data
-    assert data.count(b"HTTP/1.1") == 1  # the smuggled second request was not served
-    assert orjson.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "invalid_request"
+    status, headers, _ = split_response(data)
+    assert status == 400 and headers[b"connection"] == b"close"
+    assert data.count(b"HTTP/1.1 ") == 1  # the smuggled second request was not served
+    error = error_of(data)
+    assert error["code"] == "invalid_request" and error["type"] == "invalid_request_error"
     assert backend.requests == []
 
 
-async def test_control_characters_in_any_path_are_a_400(gateway_url):
-    data, closed = await exchange(gateway_url, b"POST /v1/responses%0A HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
-    assert data.startswith(b"HTTP/1.1 400") and closed
-    assert orjson.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "invalid_path"
+@pytest.mark.parametrize("path", [b"/health%00", b"/v1/responses%1B", b"/v1/models%7F", b"/v1/%0Aresponses", b"/%1f"])
+async def test_control_characters_in_a_path_are_a_400_invalid_path(gateway_url, backend, path):
+    data = await exchange(gateway_url, b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert split_response(data)[0] == 400
+    error = error_of(data)
+    assert error["code"] == "invalid_path" and error["param"] is None
+    assert backend.requests == []
 
 
-async def test_websockets_beyond_the_cap_are_refused_with_429(start_gateway):
+# --- WebSockets -----------------------------------------------------------------------------------
+
+
+async def test_websockets_beyond_the_cap_are_refused_with_429_until_a_place_is_free(start_gateway):
     url = await start_gateway(websocket_max_connections=1)
     async with aconnect_ws(ws_url(url)) as first:
+        with pytest.raises(WebSocketUpgradeError) as refused:
+            async with aconnect_ws(ws_url(url)):
+                pass
+        assert refused.value.response.status_code == 429
         handshake = (
             b"GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
         )
-        data, _ = await exchange(url, handshake, until_closed=2)
-        assert data.startswith(b"HTTP/1.1 429")
-        assert orjson.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "rate_limit_exceeded"
+        data = await exchange(url, handshake)
+        assert split_response(data)[0] == 429
+        error = error_of(data)
+        assert error["code"] == "rate_limit_exceeded" and error["type"] == "invalid_request_error"
         events = await turn(first, model="text", input="hi")  # the one admitted works
         assert events[-1]["type"] == "response.completed"
-    async with aconnect_ws(ws_url(url)) as again:  # a place is free again
+    await trio.testing.wait_all_tasks_blocked()  # the server has seen the close
+    async with aconnect_ws(ws_url(url)) as again:
         assert (await turn(again, model="text", input="hi"))[-1]["type"] == "response.completed"
 
 
-async def test_headers_trickling_in_are_cut_off_but_an_idle_connection_is_not(start_gateway):
+# --- the request-header deadline ------------------------------------------------------------------
+
+
+async def test_a_request_whose_headers_stop_half_way_gets_408_and_is_closed(start_gateway):
     url = await start_gateway(request_header_timeout=0.5)
-    host, port = url.removeprefix("http://").split(":")
-    slow = await trio.open_tcp_stream(host, int(port))
-    async with slow, trio.open_nursery() as nursery:
+    async with await connect(url) as stream:
+        await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        data = await read_until_closed(stream, within=5)
+    assert split_response(data)[0] == 408
+
+
+async def test_headers_trickling_in_are_cut_off_however_busy_the_client_keeps_the_connection(start_gateway):
+    url = await start_gateway(request_header_timeout=0.5)
+    async with await connect(url) as stream, trio.open_nursery() as nursery:
 
         async def trickle() -> None:
-            for byte in b"GET /health HTTP/1.1\r\nHost: " + b"x" * 200:
-                await slow.send_all(bytes([byte]))
-                await trio.sleep(0.05)  # the attacker's own pace
+            try:
+                for byte in b"GET /health HTTP/1.1\r\nX-Slow: " + b"x" * 200:
+                    await stream.send_all(bytes([byte]))
+                    await trio.sleep(0.05)  # the attacker's own pace: 200 bytes take 10 s
+            except trio.BrokenResourceError:
+                pass  # cut off
 
         nursery.start_soon(trickle)
-        with trio.fail_after(5):  # 200 bytes at this pace would take 10 s
-            assert await slow.receive_some() == b""
+        data = await read_until_closed(stream, within=5)
         nursery.cancel_scope.cancel()
-    idle = await trio.open_tcp_stream(host, int(port))
-    async with idle:
-        with trio.move_on_after(1.0):  # longer than the header timeout: time has to pass
-            await idle.receive_some()
-            pytest.fail("an idle keep-alive connection was closed by the header timeout")
-        await idle.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        with trio.fail_after(5):
-            assert (await idle.receive_some()).startswith(b"HTTP/1.1 200")
+    assert data == b"" or split_response(data)[0] == 408
 
 
-async def test_sigterm_stops_the_gateway_in_order_with_exit_status_0(tmp_path, backend):
-    with trio.fail_after(STARTUP_SECONDS + 10):
+async def test_the_header_deadline_runs_from_a_requests_first_byte_not_while_a_connection_idles(start_gateway):
+    url = await start_gateway(request_header_timeout=0.5)
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    async with await connect(url) as stream:
+        for _ in range(2):
+            await stream.send_all(request)
+            data = b""
+            with trio.fail_after(5):
+                while not data.endswith(b'"running"}'):  # the whole /health response
+                    data += await stream.receive_some()
+            assert split_response(data)[0] == 200
+            with trio.move_on_after(1.0):  # idle for longer than the header deadline: time has to pass
+                await stream.receive_some()
+                pytest.fail("an idle keep-alive connection was closed by the header deadline")
+    async with await connect(url) as stream:  # a pipelined request that stops half-way is still cut off
+        await stream.send_all(request + b"GET /health HTTP/1.1\r\nHo")
+        data = await read_until_closed(stream, within=5)
+    first, _, second = data.partition(b'"running"}')
+    assert split_response(first)[0] == 200 and split_response(second)[0] == 408
+
+
+# --- processes: signals, workers, start-up --------------------------------------------------------
+
+
+def store_env(tmp_path: Any, backend_url: str) -> dict[str, str]:
+    return {
+        "OPENAI_BASE_URL_INTERNAL": backend_url,
+        "LOG_FILE_PATH": "",
+        "STORE_BACKEND": "sqlite",
+        "SQLITE_PATH": str(tmp_path / "responses.sqlite3"),
+    }
+
+
+async def start_background_response(url: str, backend: Any) -> str:
+    async with httpx2.AsyncClient(timeout=10) as http:
+        made = await http.post(url + "/v1/responses", json={"model": "hang", "input": "hi", "background": True})
+    with trio.fail_after(5):
+        await backend.stream_started.wait()
+    return str(made.json()["id"])
+
+
+async def status_in_store(tmp_path: Any, response_id: str) -> str:
+    store = SQLiteStore(str(tmp_path / "responses.sqlite3"))
+    try:
+        record = await store.load(response_id)
+    finally:
+        await store.aclose()
+    assert record is not None
+    return str(record.response["status"])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_a_signal_stops_the_gateway_in_order_recording_background_work_cancelled(tmp_path, backend, signum):
+    with trio.fail_after(STARTUP_SECONDS + 20):
         async with trio.open_nursery() as nursery:
-            process = await nursery.start(
-                run_gateway_process, tmp_path, {"OPENAI_BASE_URL_INTERNAL": backend.url, "LOG_FILE_PATH": ""}
-            )
-            async with httpx2.AsyncClient() as http:
-                assert (await http.get(process.url + "/health")).status_code == 200
-            process.process.send_signal(signal.SIGTERM)
+            process = await nursery.start(run_gateway_process, tmp_path, store_env(tmp_path, backend.url))
+            response_id = await start_background_response(process.url, backend)
+            process.process.send_signal(signum)
             assert await process.process.wait() == 0
     log = bytes(process.stderr).decode()
-    assert "stopping (SIGTERM)" in log and "Traceback" not in log
+    assert f"stopping ({signal.Signals(signum).name})" in log and "Traceback" not in log
+    assert await status_in_store(tmp_path, response_id) == "cancelled"
 
 
-async def test_several_workers_serve_and_stop_in_order(tmp_path, backend):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("API_ADAPTER", "LOG_"))}
-    environ.update(OPENAI_BASE_URL_INTERNAL=backend.url, API_ADAPTER_HOST="127.0.0.1", API_ADAPTER_PORT="0", LOG_FILE_PATH="",
-                   STORE_BACKEND="memory", REQUEST_HEADER_TIMEOUT="0.5")
+@pytest.mark.parametrize("to_every_process", [False, True], ids=["SIGTERM to the parent", "SIGTERM to every process"])
+async def test_several_workers_share_the_socket_cut_slow_headers_and_stop_in_order(tmp_path, backend, to_every_process):
+    # A service manager may signal the parent only (docker, kubernetes) or
+    # every process of the service at once (systemd).
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("API_ADAPTER", "LOG_", "SQLITE", "STORE"))}
+    environ.update(API_ADAPTER_HOST="127.0.0.1", API_ADAPTER_PORT="0", REQUEST_HEADER_TIMEOUT="0.5")
+    environ.update(store_env(tmp_path, backend.url))
     async with trio.open_nursery() as nursery:
         process: trio.Process = await nursery.start(
             functools.partial(
@@ -172,30 +357,40 @@ async def test_several_workers_serve_and_stop_in_order(tmp_path, backend):
                 cwd=tmp_path,
                 stderr=subprocess.PIPE,
                 check=False,
+                start_new_session=True,  # its own process group: killpg reaches the workers too
             )
         )
-        assert process.stderr is not None
-        reader = LineReader(process.stderr)
-        urls: list[str] = []
-        with trio.fail_after(STARTUP_SECONDS * 2):
-            while len(urls) < 2:
-                line = await reader.readline()
-                if "serving the Responses gateway on " in line:
-                    urls.append(line.split("serving the Responses gateway on ", 1)[1].split(" ", 1)[0])
-        assert urls[0] == urls[1]  # one shared socket
-        async with httpx2.AsyncClient(timeout=10) as http:
-            r = await http.post(urls[0] + "/v1/responses", json={"model": "text", "input": "hi"})
-            assert r.json()["status"] == "completed"
-        # The header timeout applies in worker processes too.
-        host, port = urls[0].removeprefix("http://").split(":")
-        stream = await trio.open_tcp_stream(host, int(port))
-        async with stream:
-            await stream.send_all(b"GET /health HTTP/1.1\r\n")
-            with trio.fail_after(5):
-                assert await stream.receive_some() == b""
-        process.send_signal(signal.SIGTERM)
-        with trio.fail_after(30):
-            assert await process.wait() == 0
+        try:
+            assert process.stderr is not None
+            reader = LineReader(process.stderr)
+            urls: list[str] = []
+            with trio.fail_after(STARTUP_SECONDS * 2):
+                while len(urls) < 2:
+                    line = await reader.readline()
+                    if "serving the Responses gateway on " in line:
+                        urls.append(line.split("serving the Responses gateway on ", 1)[1].split(" ", 1)[0])
+            assert urls[0] == urls[1]  # one shared socket
+            async with httpx2.AsyncClient(timeout=10) as http:
+                r = await http.post(urls[0] + "/v1/responses", json={"model": "text", "input": "hi"})
+                assert r.json()["status"] == "completed"
+            async with await connect(urls[0]) as stream:  # the header deadline applies in worker processes too
+                await stream.send_all(b"GET /health HTTP/1.1\r\n")
+                assert split_response(await read_until_closed(stream, within=5))[0] == 408
+            response_id = await start_background_response(urls[0], backend)
+            if to_every_process:
+                os.killpg(process.pid, signal.SIGTERM)
+            else:
+                process.send_signal(signal.SIGTERM)
+            log = bytearray(reader.buffer)
+            with trio.fail_after(30):
+                assert await process.wait() == 0
+                while chunk := await process.stderr.receive_some():
+                    log += chunk
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # never leave workers behind a failed test
+    assert b"Traceback" not in log
+    assert await status_in_store(tmp_path, response_id) == "cancelled"
 
 
 async def test_a_store_that_cannot_open_stops_start_up_with_one_clear_line(tmp_path, backend):
@@ -209,4 +404,3 @@ async def test_a_store_that_cannot_open_stops_start_up_with_one_clear_line(tmp_p
     assert done.returncode == 2
     assert "gateway: cannot start: SQLITE_PATH: cannot open the SQLite store" in err
     assert "Traceback" not in err and "serving the Responses gateway" not in err
-
