@@ -70,7 +70,7 @@ class ChatStream:
         self._redact = redactor.stream()
         self._decoder = ChunkDecoder()
         self._timeout = data_timeout
-        self._deadline = trio.current_time() + data_timeout
+        self._dry_since: float | None = trio.current_time()  # since when reads have made no chunk
         self._pending_error: GatewayError | None = None
         self._ended = False
 
@@ -93,26 +93,33 @@ class ChatStream:
             if decoder.saw_done:
                 await self._drain()
             raise StopAsyncIteration
-        with trio.move_on_at(self._deadline):
-            while True:
-                # try/except rather than map_backend_errors(): this runs per read.
-                try:
-                    data = await self._chunks.__anext__()
-                except StopAsyncIteration:
-                    self._ended = True
-                    batch = decoder.decode(self._redact.flush()) + decoder.flush()
-                    if not batch:
-                        raise
-                    return self._deliver(batch)
-                except httpx2.TransportError as exc:
-                    raise backend_error_from(exc) from exc
-                batch = decoder.decode(self._redact.feed(data))
-                if batch:
-                    return self._deliver(batch)
-        raise BackendTimeout(f"the backend sent no data for {self._timeout:g} s")
+        while True:
+            # try/except rather than map_backend_errors(): this runs per read.
+            # A silent backend is cut off by the transport's read timeout (the
+            # same length); bytes that make no chunk are caught by the clock
+            # check below, without a cancel scope per read.
+            try:
+                data = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                self._ended = True
+                batch = decoder.decode(self._redact.flush()) + decoder.flush()
+                if not batch:
+                    raise
+                return self._deliver(batch)
+            except httpx2.TransportError as exc:
+                raise backend_error_from(exc) from exc
+            batch = decoder.decode(self._redact.feed(data))
+            if batch:
+                return self._deliver(batch)
+            now = trio.current_time()
+            if self._dry_since is None:
+                self._dry_since = now
+            elif now - self._dry_since > self._timeout:
+                self._ended = True
+                raise BackendTimeout(f"the backend sent no data for {self._timeout:g} s")
 
     def _deliver(self, batch: list[Any]) -> list[Any]:
-        self._deadline = trio.current_time() + self._timeout
+        self._dry_since = None  # counted again from the next read that makes no chunk
         last = batch[-1]
         if isinstance(last, GatewayError):
             # What came before the bad data is delivered first; the error next.

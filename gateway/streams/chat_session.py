@@ -147,6 +147,12 @@ class ChatSession:
         self._template.update({k: out[k] for k in ("id", "object", "created", "model") if k in out})
         return [out]
 
+    def feed_batch(self, batch: list[Any]) -> list[Chunk]:
+        out: list[Chunk] = []
+        for chunk in batch:
+            out += self.feed(chunk)
+        return out
+
     def end_of_stream(self) -> list[Chunk]:
         return [] if self.round_over else self._end_round()
 

@@ -79,6 +79,19 @@ class ResponseSession:
             return self._end_round()
         return self.translator.feed(chunk)
 
+    def feed_batch(self, batch: list[Any]) -> list[Event]:
+        """`feed` for each item of a batch, in one call (the hot path)."""
+        events: list[Event] = []
+        translator = self.translator
+        for chunk in batch:
+            if not self._streaming or translator.done:
+                break
+            if chunk is DONE:
+                events += self._end_round()
+                break
+            events += translator.feed(chunk)
+        return events
+
     def end_of_stream(self) -> list[Event]:
         """The backend closed the round's body.  Without `[DONE]`, a finish
         reason still ends the round normally; without either, the stream was

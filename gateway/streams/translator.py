@@ -148,7 +148,18 @@ def chunk_problem(chunk: Any) -> str | None:
     clients meet in practice pass: `message` for `delta`, content as a list
     of text parts, tool-call arguments as a JSON object.
     """
-    if not isinstance(chunk, dict):
+    if type(chunk) is dict:
+        # The common case first, in a few lookups: one choice whose delta
+        # carries text and nothing else (what nearly every chunk of a stream is).
+        choices = chunk.get("choices")
+        if type(choices) is list and len(choices) == 1 and chunk.get("usage") is None:
+            choice = choices[0]
+            if type(choice) is dict and choice.get("finish_reason") is None:
+                delta = choice.get("delta")
+                if type(delta) is dict and type(delta.get("content")) is str and len(delta) <= 2:
+                    if len(delta) == 1 or type(delta.get("role", "")) is str:
+                        return None
+    elif not isinstance(chunk, dict):
         return f"a chunk must be a JSON object, not {_kind(chunk)}"
     problem = _mistyped(chunk, "usage", dict) or _mistyped(chunk, "choices", list)
     if problem:

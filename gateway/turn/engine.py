@@ -113,6 +113,8 @@ class Session(Protocol):
 
     def feed(self, chunk: Any) -> list[Any]: ...
 
+    def feed_batch(self, batch: list[Any]) -> list[Any]: ...
+
     def end_of_stream(self) -> list[Any]: ...
 
     def fail(self, code: str, message: str, *, type: str = ..., param: str | None = ...) -> list[Any]: ...
@@ -165,10 +167,7 @@ async def _run_round(
             eager = _EAGER_BATCHES
             window_end = trio.current_time() + _BATCH_WINDOW
             async for batch in stream:
-                events: list[Any] = []
-                for chunk in batch:
-                    events += session.feed(chunk)
-                await emit(events)
+                await emit(session.feed_batch(batch))
                 if session.done and not stream.saw_done:
                     return None  # failed on a chunk: nothing more to read
                 # Batching buys throughput but must not hold tokens back: the
@@ -317,13 +316,16 @@ class Turn:
         held: list[Event] = []
 
         async def hold_terminal(events: list[Event]) -> None:
-            if events and session.done and not held:
+            if not events:
+                return
+            if session.done and not held:
                 events, held[:] = events[:-1], events[-1:]
-            if events:
-                if self.outcome.first_event_at is None:
-                    self.outcome.first_event_at = trio.current_time()
-                self.events += events
-                await emit(events)
+                if not events:
+                    return
+            if self.outcome.first_event_at is None:
+                self.outcome.first_event_at = trio.current_time()
+            self.events += events
+            await emit(events)
 
         try:
             async with contextlib.AsyncExitStack() as stack:  # the hosted MCP sessions live here
