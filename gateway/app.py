@@ -8,6 +8,7 @@ decisions live in `translate` and `streams`; this module wires them.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -25,11 +26,22 @@ from . import web
 from .backends import Backend, OpenAICompatibleBackend
 from .config import Settings
 from .edge import Edge
-from .errors import BackendStreamError, GatewayError, InternalError, InvalidRequest, NotFound, RequestTooLarge, error_json
+from .errors import (
+    BackendStreamError,
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    RequestTooLarge,
+    Unauthorized,
+    error_json,
+)
 from .logs import add_log_secrets
+from .observe import Telemetry, build_telemetry
 from .redact import Redactor
 from .sealing import Sealer
 from .store import ResponseStore, open_store
+from .store.observed import ObservedStore
 from .streams.chat_session import ChatSession, collect_chat_completion
 from .streams.sse import encode_done, encode_event, event_json
 from .streams.translator import random_id
@@ -68,6 +80,7 @@ class GatewayApp(QuartTrio):
     store: ResponseStore
     runner: BackgroundRunner
     resources: Resources
+    telemetry: Telemetry
     mcp: ToolSource | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -76,7 +89,7 @@ class GatewayApp(QuartTrio):
         edge = self.extensions.get("gateway.edge")
         if edge is None:  # made on first use: `settings` is set after construction
             edge = self.extensions["gateway.edge"] = Edge(
-                self.asgi_app, max_websockets=self.settings.websocket_max_connections
+                self.asgi_app, max_websockets=self.settings.websocket_max_connections, telemetry=self.telemetry
             )
         await edge(scope, receive, send)
 
@@ -107,6 +120,7 @@ def create_app(
     """
     app = GatewayApp(__name__)
     app.settings = settings
+    app.telemetry = build_telemetry(settings)
     sealer = Sealer(settings.gateway_secret_key or None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # long streams must never be cut by the framework
@@ -116,7 +130,7 @@ def create_app(
     if backend is not None:
         app.backend = backend
     if store is not None:
-        app.store = store
+        app.store = ObservedStore(store, app.telemetry)
 
     @app.before_serving
     async def _open_resources() -> None:
@@ -135,8 +149,8 @@ def create_app(
             app.backend = owned
         if store is None:
             owned_store = open_store(settings)
-            app.store = owned_store
             await _warn_if_not_durable(owned_store)
+            app.store = ObservedStore(owned_store, app.telemetry)
         app.runner = BackgroundRunner(
             app.store,
             clock=clock,
@@ -170,6 +184,7 @@ def create_app(
             clock=clock,
             ids=ids,
             observers=[_log_outcome],
+            telemetry=app.telemetry,
         )
 
     @app.after_serving
@@ -222,6 +237,18 @@ def create_app(
     @app.get("/health")
     async def _health() -> Response:
         return _json(b'{"status":"ok","adapter":"running"}')
+
+    @app.get("/metrics")
+    async def _metrics() -> Response:
+        if settings.metrics_token and not hmac.compare_digest(
+            request.headers.get("authorization", ""), f"Bearer {settings.metrics_token}"
+        ):
+            raise Unauthorized("/metrics needs its token: Authorization: Bearer <METRICS_TOKEN>.")
+        page = app.telemetry.exposition()
+        if page is None:
+            raise NotFound("No metrics are kept.", code="unknown_url")
+        body, content_type = page
+        return Response(body, content_type=content_type)
 
     @app.post("/v1/responses")
     @app.post("/responses")
@@ -430,6 +457,7 @@ def create_app(
                 heartbeat_interval=settings.heartbeat_interval,
                 call_timeout=call_timeout,
                 concurrency=concurrency,
+                telemetry=app.telemetry,
             )
             response = Response(stream, content_type="text/event-stream")
             response.timeout = None
@@ -439,7 +467,9 @@ def create_app(
         async def collect(batch: list[dict[str, Any]]) -> None:
             chunks.extend(batch)
 
-        failure = await run_rounds(session, app.backend, collect, tools, call_timeout=call_timeout, concurrency=concurrency)
+        failure = await run_rounds(
+            session, app.backend, collect, tools, call_timeout=call_timeout, concurrency=concurrency, telemetry=app.telemetry
+        )
         errors = [chunk["error"] for chunk in chunks if "error" in chunk]
         if errors:
             raise failure or BackendStreamError(errors[0]["message"], code=errors[0]["code"])

@@ -136,6 +136,15 @@ class Settings(BaseSettings):
     )
     mcp_call_concurrency: int = Field(8, ge=1, description="MCP tool calls run at once per response.")
 
+    # --- observability -------------------------------------------------------
+    metrics_token: str = Field(
+        "", description="Bearer token /metrics requires (empty: /metrics is open to whoever reaches the port).", repr=False
+    )
+    otel_exporter_otlp_endpoint: str = Field(
+        "", description="OTLP/HTTP endpoint traces are exported to (e.g. http://collector:4318); empty: no traces."
+    )
+    otel_service_name: str = Field("responses-gateway", description="service.name of the exported traces.")
+
     # --- logging -----------------------------------------------------------
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
         "INFO", description="Logging level."

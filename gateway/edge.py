@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import trio
 
 from .errors import GatewayError, InternalError, InvalidRequest, error_json
+from .observe import Telemetry, route_of
 
 __all__ = ["Edge", "TooManyWebSockets", "is_failure"]
 
@@ -58,9 +60,10 @@ class TooManyWebSockets(GatewayError):
 class Edge:
     """Wraps an ASGI app; see the module docstring."""
 
-    def __init__(self, app: ASGIApp, *, max_websockets: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_websockets: int, telemetry: Telemetry | None = None) -> None:
         self._app = app
         self._max_websockets = max_websockets
+        self._telemetry = telemetry or Telemetry()
         self.websockets = 0  # open now, in this process
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -73,6 +76,32 @@ class Edge:
             await self._app(scope, receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        began = trio.current_time()
+        request_id = _request_id(scope)
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", request_id.encode())]}
+            await send(message)
+
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope.get("headers", ())}
+        route = route_of(scope.get("method", ""), scope.get("path", ""))
+        try:
+            with self._telemetry.server_span(f"{scope.get('method', '')} {route}", headers, route=route, request_id=request_id):
+                await self._guarded_http(scope, receive, send_with_id)
+        finally:
+            self._telemetry.http_request(
+                route=route,
+                method=scope.get("method", ""),
+                status=status,
+                seconds=trio.current_time() - began,
+                key=(scope.get("gateway") or {}).get("key_name"),
+            )
+
+    async def _guarded_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         refusal = _refusal(scope)
         if refusal is not None:
             # The body is read first: answering while the server is still
@@ -124,7 +153,9 @@ class Edge:
             if (await receive())["type"] == "websocket.connect":
                 await _deny(scope, send, refusal)
             return
+        _request_id(scope)
         self.websockets += 1
+        self._telemetry.websocket_opened()
         accepted = False
 
         async def tracking_send(message: Message) -> None:
@@ -148,6 +179,21 @@ class Edge:
                 pass
         finally:
             self.websockets -= 1
+            self._telemetry.websocket_closed()
+
+
+def _request_id(scope: Scope) -> str:
+    """The request's id: the client's `x-request-id` when it is a sane token, else a new one.
+
+    Kept in `scope["gateway"]` for the turn and the log line.
+    """
+    given = next((value for name, value in scope.get("headers", ()) if name == b"x-request-id"), b"")
+    request_id = given.decode("ascii") if given and _SANE_ID.fullmatch(given) else f"req_{secrets.token_hex(12)}"
+    scope.setdefault("gateway", {})["request_id"] = request_id
+    return request_id
+
+
+_SANE_ID = re.compile(rb"[A-Za-z0-9._:@/+=-]{1,128}")
 
 
 def _refusal(scope: Scope) -> GatewayError | None:

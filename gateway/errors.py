@@ -9,6 +9,8 @@ libraries, so the pure core can use it.
     GatewayError
     ├── InvalidRequest            400 invalid_request_error
     │   └── RequestTooLarge       413
+    ├── Unauthorized              401 (no API key, or one that is not valid)
+    ├── RateLimited               429 (a key's limit: Retry-After says when to come back)
     ├── NotFound                  404
     ├── BackendError              the backend could not serve the request
     │   ├── BackendUnavailable    502 (connect refused, reset, protocol error)
@@ -36,7 +38,9 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "RequestTooLarge",
+    "RateLimited",
     "StoreUnavailable",
+    "Unauthorized",
     "error_body",
     "error_json",
 ]
@@ -75,6 +79,24 @@ class InvalidRequest(GatewayError):
 class RequestTooLarge(InvalidRequest):
     status = 413
     code = "request_too_large"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class RateLimited(GatewayError):
+    """A key's limit was reached; `retry_after` is how many seconds until it is not."""
+
+    status = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: float, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.retry_after = retry_after
 
 
 class NotFound(GatewayError):

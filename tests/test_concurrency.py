@@ -36,7 +36,7 @@ class ChannelBackend:
         self.closed = trio.Event()
 
     @contextlib.asynccontextmanager
-    async def open_chat_stream(self, body: dict[str, Any]) -> AsyncIterator[Any]:
+    async def open_chat_stream(self, body: dict[str, Any], headers: Any = None) -> AsyncIterator[Any]:
         try:
             await self.answer.wait()
             yield _DecodedChannel(self.recv)

@@ -39,8 +39,10 @@ class ChatChunks(Protocol):
 
 
 class ChatBackend(Protocol):
-    def open_chat_stream(self, body: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[ChatChunks]:
-        """Start a streaming chat completion.
+    def open_chat_stream(
+        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None
+    ) -> contextlib.AbstractAsyncContextManager[ChatChunks]:
+        """Start a streaming chat completion (`headers`: added to the request, such as `traceparent`).
 
         Raises:
             BackendStatusError: the backend answered with an error status.

@@ -252,13 +252,15 @@ class OpenAICompatibleBackend:
         await self._pool.aclose()
 
     @contextlib.asynccontextmanager
-    async def open_chat_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatStream]:
+    async def open_chat_stream(
+        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[ChatStream]:
         model = body.get("model")
         if model in self._refuses_reasoning_content:
             body = _without_reasoning_content(body)
         async with contextlib.AsyncExitStack() as stack:
             try:
-                stream = await stack.enter_async_context(self._open_chat(body))
+                stream = await stack.enter_async_context(self._open_chat(body, headers))
             except BackendStatusError as error:
                 stripped = _without_reasoning_content(body)
                 if stripped is body or not _refuses_reasoning_content(error):
@@ -268,22 +270,21 @@ class OpenAICompatibleBackend:
                 # and so do the model's later ones.  Any other refusal (a context
                 # that is too long) is the client's to see.
                 self._refuses_reasoning_content.add(model)
-                stream = await stack.enter_async_context(self._open_chat(stripped))
+                stream = await stack.enter_async_context(self._open_chat(stripped, headers))
             yield stream
 
     @contextlib.asynccontextmanager
-    async def _open_chat(self, body: dict[str, Any]) -> AsyncIterator[ChatStream]:
+    async def _open_chat(self, body: dict[str, Any], headers: Mapping[str, str] | None) -> AsyncIterator[ChatStream]:
         payload = orjson.dumps(body)
-        async with self._send(lambda: self._chat_request(payload)) as response:
+        async with self._send(lambda: self._chat_request(payload, headers)) as response:
             if response.status_code >= 400:
                 error_body = self._redactor.redact_bytes(await _read_bounded(response))
                 raise BackendStatusError.from_body(response.status_code, error_body)
             yield ChatStream(response, data_timeout=self._data_timeout, redactor=self._redactor)
 
-    def _chat_request(self, payload: bytes) -> httpx2.Request:
-        return httpx2.Request(
-            "POST", self._chat_url, content=payload, headers=self._chat_headers, extensions={"timeout": self._timeout}
-        )
+    def _chat_request(self, payload: bytes, headers: Mapping[str, str] | None) -> httpx2.Request:
+        merged = {**self._chat_headers, **headers} if headers else self._chat_headers
+        return httpx2.Request("POST", self._chat_url, content=payload, headers=merged, extensions={"timeout": self._timeout})
 
     @contextlib.asynccontextmanager
     async def _send(self, build: Any) -> AsyncIterator[httpx2.Response]:

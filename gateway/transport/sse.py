@@ -26,6 +26,7 @@ import trio
 from quart.wrappers.response import ResponseBody
 
 from ..errors import error_json
+from ..observe import Telemetry
 from ..streams.chat_session import ChatSession
 from ..streams.sse import encode_comment, encode_done, encode_event
 from ..turn import Turn, run_rounds
@@ -69,8 +70,9 @@ class EventChannelBody(DeferredHeadBody):
     producer besides the heartbeat; it owns the sending end it is given.
     """
 
-    def __init__(self, heartbeat_interval: float) -> None:
+    def __init__(self, heartbeat_interval: float, telemetry: Telemetry | None = None) -> None:
         self._interval = heartbeat_interval
+        self._telemetry = telemetry or Telemetry()
         self._out_recv: trio.MemoryReceiveChannel[bytes] | None = None
         self._last_write = 0.0
         self._heartbeat_scope = trio.CancelScope()
@@ -154,6 +156,7 @@ class EventChannelBody(DeferredHeadBody):
                     if trio.current_time() >= deadline:
                         await out_send.send(comment)
                         self._last_write = trio.current_time()
+                        self._telemetry.heartbeat()
                         continue
                     await trio.sleep_until(deadline)
 
@@ -162,7 +165,7 @@ class TurnEventStream(EventChannelBody):
     """A streamed `/v1/responses` body: one turn, its events as SSE."""
 
     def __init__(self, turn: Turn, *, heartbeat_interval: float) -> None:
-        super().__init__(heartbeat_interval)
+        super().__init__(heartbeat_interval, turn.resources.telemetry)
         self.turn = turn
         self._json_error: bytes | None = None
 
@@ -221,8 +224,9 @@ class ChatCompletionStream(EventChannelBody):
         heartbeat_interval: float,
         call_timeout: float,
         concurrency: int,
+        telemetry: Telemetry,
     ) -> None:
-        super().__init__(heartbeat_interval)
+        super().__init__(heartbeat_interval, telemetry)
         self._session = session
         self._backend = backend
         self._tools = tools
@@ -244,6 +248,7 @@ class ChatCompletionStream(EventChannelBody):
             self._tools,
             call_timeout=self._call_timeout,
             concurrency=self._concurrency,
+            telemetry=self._telemetry,
         )
         await out.send(encode_done())
 

@@ -34,6 +34,7 @@ import trio
 
 from ..backends import ChatBackend
 from ..config import Settings
+from ..observe import Telemetry
 from ..errors import BackendStatusError, BackendStreamError, GatewayError, InternalError, InvalidRequest, StoreUnavailable
 from ..sealing import Sealer
 from ..store import ResponseStore, StoredResponse
@@ -75,6 +76,7 @@ class Resources:
     clock: Callable[[], float]
     ids: Callable[[str], str]
     observers: list[Callable[[TurnOutcome], None]] = field(default_factory=list)
+    telemetry: Telemetry = field(default_factory=Telemetry)
 
     @property
     def options(self) -> TranslateOptions:
@@ -83,15 +85,18 @@ class Resources:
 
 @dataclass
 class TurnOutcome:
-    """How one turn went, for the log line (and, later, limits and metrics)."""
+    """How one turn went, for the log line, the limits and the metrics."""
 
     response_id: str
     model: str
     transport: str
     started: float  # trio time
+    key: str | None = None  # the API key's name, when keys are configured
+    request_id: str | None = None
     status: str = "in_progress"
     http_status: int = 200
     first_event_at: float | None = None
+    first_token_at: float | None = None  # the first generated delta
     finished_at: float | None = None
     usage: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
@@ -133,6 +138,7 @@ async def run_rounds(
     call_timeout: float,
     concurrency: int,
     on_answer: Callable[[GatewayError | None], None] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> GatewayError | None:
     """Drive `session` through backend rounds and the gateway's tool calls until it is done.
 
@@ -141,17 +147,24 @@ async def run_rounds(
     answer with an HTTP error.  `on_answer` hears each round's backend
     answer (None) or failure before anything of it is emitted.
     """
+    telemetry = telemetry or _NO_TELEMETRY
     failure: GatewayError | None = None
     while not session.done:
-        failure = await _run_round(session, backend, emit, on_answer) or failure
+        with telemetry.span("backend round", round=getattr(session, "rounds", 0)):
+            failure = await _run_round(session, backend, emit, on_answer, telemetry) or failure
         if session.calls:
 
             async def report(call: RoundCall, outcome: ToolOutcome) -> None:
                 await emit(session.tool_result(call, output=outcome.output, error=outcome.error))
 
-            await run_calls(tools, session.calls, report, call_timeout=call_timeout, concurrency=concurrency)
+            await run_calls(
+                tools, session.calls, report, call_timeout=call_timeout, concurrency=concurrency, telemetry=telemetry
+            )
             await emit(session.tools_done())
     return failure
+
+
+_NO_TELEMETRY = Telemetry()
 
 
 async def _run_round(
@@ -159,9 +172,10 @@ async def _run_round(
     backend: ChatBackend,
     emit: Callable[[list[Any]], Awaitable[None]],
     on_answer: Callable[[GatewayError | None], None] | None,
+    telemetry: Telemetry,
 ) -> GatewayError | None:
     try:
-        async with backend.open_chat_stream(session.request) as stream:
+        async with backend.open_chat_stream(session.request, headers=telemetry.trace_headers()) as stream:
             if on_answer is not None:
                 on_answer(None)
             eager = _EAGER_BATCHES
@@ -178,6 +192,7 @@ async def _run_round(
                     window_end = trio.current_time() + _BATCH_WINDOW
             await emit(session.end_of_stream())
     except GatewayError as error:
+        telemetry.backend_error(error.code or "backend_error")
         if on_answer is not None:
             on_answer(error)
         await emit(session.fail(error.code or "server_error", error.message, type=error.type, param=error.param))
@@ -322,11 +337,16 @@ class Turn:
                 events, held[:] = events[:-1], events[-1:]
                 if not events:
                     return
-            if self.outcome.first_event_at is None:
-                self.outcome.first_event_at = trio.current_time()
+            outcome = self.outcome
+            if outcome.first_token_at is None:
+                if outcome.first_event_at is None:
+                    outcome.first_event_at = trio.current_time()
+                if any(e["type"].endswith(".delta") for e in events):
+                    outcome.first_token_at = trio.current_time()
             self.events += events
             await emit(events)
 
+        self.resources.telemetry.turn_started(self.outcome)
         try:
             async with contextlib.AsyncExitStack() as stack:  # the hosted MCP sessions live here
                 tools = await self._offer_tools(stack, hold_terminal)
@@ -339,6 +359,7 @@ class Turn:
                     call_timeout=settings.mcp_call_timeout,
                     concurrency=settings.mcp_call_concurrency,
                     on_answer=self._on_answer,
+                    telemetry=self.resources.telemetry,
                 )
                 self._note_failure(failure)
         except GatewayError as error:
@@ -407,7 +428,8 @@ class Turn:
         outcome.finished_at = trio.current_time()
 
     def observe(self) -> None:
-        """Hand the outcome to the observers (once the transport has filled in its part)."""
+        """Hand the outcome to telemetry and the observers (once the transport has filled in its part)."""
+        self.resources.telemetry.turn_finished(self.outcome)
         for observer in self.resources.observers:
             try:
                 observer(self.outcome)

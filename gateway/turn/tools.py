@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import trio
 
 from ..errors import GatewayError, InvalidRequest
+from ..observe import Telemetry
 from ..streams.translator import RoundCall
 
 __all__ = [
@@ -104,6 +105,7 @@ async def run_calls(
     *,
     call_timeout: float,
     concurrency: int,
+    telemetry: Telemetry | None = None,
 ) -> None:
     """Run the gateway's calls concurrently (at most `concurrency` at once, each within `call_timeout`).
 
@@ -113,17 +115,30 @@ async def run_calls(
     """
     limiter = trio.CapacityLimiter(concurrency)
     send, receive = trio.open_memory_channel[tuple[RoundCall, ToolOutcome]](len(calls) or 1)
+    observe = telemetry or Telemetry()
 
     async def one(call: RoundCall, send: trio.MemorySendChannel[tuple[RoundCall, ToolOutcome]]) -> None:
         async with send, limiter:
-            try:
-                with trio.fail_after(call_timeout):
-                    outcome = await tools.run(call)
-            except trio.TooSlowError:
-                outcome = ToolOutcome(error=f"the tool call timed out after {call_timeout:g} s")
-            except Exception as exc:  # a runner bug must not end the response
-                log.warning("tool %s failed unexpectedly (%s)", call.name, type(exc).__name__)
-                outcome = ToolOutcome(error="the tool failed")
+            started = trio.current_time()
+            kind = "ok"
+            with observe.span("mcp call", server=call.server or "", tool=call.name):
+                try:
+                    with trio.fail_after(call_timeout):
+                        outcome = await tools.run(call)
+                    kind = "ok" if outcome.error is None else "error"
+                except trio.TooSlowError:
+                    outcome = ToolOutcome(error=f"the tool call timed out after {call_timeout:g} s")
+                    kind = "timeout"
+                except Exception as exc:  # a runner bug must not end the response
+                    log.warning("tool %s failed unexpectedly (%s)", call.name, type(exc).__name__)
+                    outcome = ToolOutcome(error="the tool failed")
+                    kind = "error"
+            observe.mcp_call(
+                server=tools.routes.get(call.name, call.server or ""),
+                tool=call.name,
+                outcome=kind,
+                seconds=trio.current_time() - started,
+            )
             await send.send((call, outcome))
 
     async with trio.open_nursery() as nursery:

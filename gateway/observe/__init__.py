@@ -1,0 +1,185 @@
+"""Telemetry: what the gateway tells its operator (metrics and traces), behind one interface.
+
+Code on the path of a request calls a `Telemetry`; the base class does
+nothing, so an unobserved gateway pays one method call per hook.
+Implementations override what they need:
+
+    metrics.py   Prometheus counters, histograms and gauges (`/metrics`)
+    tracing.py   OpenTelemetry spans, exported over OTLP
+
+`Telemetries` fans out to several.  A hook never raises into the request
+path and never receives prompt text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..turn.engine import TurnOutcome
+
+__all__ = ["Telemetries", "Telemetry", "build_telemetry", "route_of"]
+
+log = logging.getLogger("gateway.observe")
+
+
+class Telemetry:
+    """Every hook, as a no-op."""
+
+    # --- the HTTP edge ---------------------------------------------------------------
+
+    def http_request(self, *, route: str, method: str, status: int, seconds: float, key: str | None) -> None:
+        """One HTTP request answered (or one WebSocket closed), with its route template."""
+
+    def websocket_opened(self) -> None: ...
+
+    def websocket_closed(self) -> None: ...
+
+    @contextlib.contextmanager
+    def server_span(self, name: str, headers: Mapping[str, str], **attributes: Any) -> Iterator[None]:
+        """Around a whole request; `headers` may carry the caller's `traceparent`."""
+        yield
+
+    # --- turns ---------------------------------------------------------------------------
+
+    def turn_started(self, outcome: TurnOutcome) -> None:
+        """A response began producing (an active stream)."""
+
+    def turn_finished(self, outcome: TurnOutcome) -> None:
+        """A response ended (its outcome is complete: status, usage, timings, key)."""
+
+    def heartbeat(self) -> None:
+        """A keep-alive comment was written to a client."""
+
+    def backend_error(self, kind: str) -> None:
+        """A backend call failed (`kind`: the error code, such as `backend_timeout`)."""
+
+    def mcp_call(self, *, server: str, tool: str, outcome: str, seconds: float) -> None:
+        """A gateway tool call ended (`outcome`: `ok`, `error` or `timeout`)."""
+
+    def store_operation(self, *, operation: str, seconds: float, ok: bool) -> None:
+        """A conversation-store call ended."""
+
+    @contextlib.contextmanager
+    def span(self, name: str, **attributes: Any) -> Iterator[None]:
+        """A child span of the current one (a turn, a backend round, an MCP call)."""
+        yield
+
+    def trace_headers(self) -> dict[str, str]:
+        """Headers that carry the current span to a server the gateway calls (`traceparent`)."""
+        return {}
+
+    # --- exposition ------------------------------------------------------------------------
+
+    def exposition(self) -> tuple[bytes, str] | None:
+        """The metrics page (body, content type), or None when there are no metrics."""
+        return None
+
+
+class Telemetries(Telemetry):
+    """Several telemetries as one; a hook that fails is logged and skipped."""
+
+    def __init__(self, parts: Sequence[Telemetry]) -> None:
+        self.parts = list(parts)
+
+    def _each(self, name: str, *args: Any, **kwargs: Any) -> None:
+        for part in self.parts:
+            try:
+                getattr(part, name)(*args, **kwargs)
+            except Exception:
+                log.debug("telemetry hook %s failed", name, exc_info=True)
+
+    def http_request(self, **kwargs: Any) -> None:
+        self._each("http_request", **kwargs)
+
+    def websocket_opened(self) -> None:
+        self._each("websocket_opened")
+
+    def websocket_closed(self) -> None:
+        self._each("websocket_closed")
+
+    def turn_started(self, outcome: TurnOutcome) -> None:
+        self._each("turn_started", outcome)
+
+    def turn_finished(self, outcome: TurnOutcome) -> None:
+        self._each("turn_finished", outcome)
+
+    def heartbeat(self) -> None:
+        self._each("heartbeat")
+
+    def backend_error(self, kind: str) -> None:
+        self._each("backend_error", kind)
+
+    def mcp_call(self, **kwargs: Any) -> None:
+        self._each("mcp_call", **kwargs)
+
+    def store_operation(self, **kwargs: Any) -> None:
+        self._each("store_operation", **kwargs)
+
+    @contextlib.contextmanager
+    def server_span(self, name: str, headers: Mapping[str, str], **attributes: Any) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for part in self.parts:
+                stack.enter_context(part.server_span(name, headers, **attributes))
+            yield
+
+    @contextlib.contextmanager
+    def span(self, name: str, **attributes: Any) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for part in self.parts:
+                stack.enter_context(part.span(name, **attributes))
+            yield
+
+    def trace_headers(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        for part in self.parts:
+            headers.update(part.trace_headers())
+        return headers
+
+    def exposition(self) -> tuple[bytes, str] | None:
+        for part in self.parts:
+            page = part.exposition()
+            if page is not None:
+                return page
+        return None
+
+
+def route_of(method: str, path: str) -> str:
+    """The route template of a path, for labels (bounded: ids and passthrough paths are folded)."""
+    parts = [p for p in path.split("/") if p]
+    if parts and parts[0] == "v1":
+        parts = parts[1:]
+        prefix = "/v1"
+    else:
+        prefix = ""
+    if not parts:
+        return prefix + "/" if prefix else "/"
+    head = parts[0]
+    if head == "responses":
+        if len(parts) == 1:
+            return f"{prefix}/responses"
+        if len(parts) == 2:
+            return f"{prefix}/responses/compact" if parts[1] == "compact" else f"{prefix}/responses/{{id}}"
+        return f"{prefix}/responses/{{id}}/{parts[2]}" if parts[2] in ("cancel", "input_items") else "other"
+    if head == "chat" and parts[1:] == ["completions"]:
+        return f"{prefix}/chat/completions"
+    if not prefix and head in ("health", "ready", "metrics"):
+        return "/" + head
+    return "/v1/{passthrough}" if prefix else "other"
+
+
+def build_telemetry(settings: Settings) -> Telemetry:
+    """The telemetry the settings ask for: Prometheus metrics always, OpenTelemetry traces
+    when an OTLP endpoint is configured."""
+    from .metrics import PrometheusTelemetry
+
+    parts: list[Telemetry] = [PrometheusTelemetry(settings)]
+    if settings.otel_exporter_otlp_endpoint:
+        from .tracing import OpenTelemetryTracing
+
+        parts.append(OpenTelemetryTracing(settings))
+    return parts[0] if len(parts) == 1 else Telemetries(parts)

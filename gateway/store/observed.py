@@ -1,0 +1,54 @@
+"""A store that reports how long each of its calls takes (to the telemetry), and nothing else."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..observe import Telemetry
+from .base import Change, ResponseStore, StoredResponse
+
+__all__ = ["ObservedStore"]
+
+
+class ObservedStore:
+    """Wraps a `ResponseStore`; every call is timed and counted, its result unchanged."""
+
+    def __init__(self, store: ResponseStore, telemetry: Telemetry) -> None:
+        self.inner = store
+        self._telemetry = telemetry
+
+    async def _timed(self, operation: str, call: Any) -> Any:
+        started = time.perf_counter()
+        ok = False
+        try:
+            result = await call
+            ok = True
+            return result
+        finally:
+            self._telemetry.store_operation(operation=operation, seconds=time.perf_counter() - started, ok=ok)
+
+    async def save(self, record: StoredResponse) -> None:
+        await self._timed("save", self.inner.save(record))
+
+    async def load(self, response_id: str) -> StoredResponse | None:
+        result: StoredResponse | None = await self._timed("load", self.inner.load(response_id))
+        return result
+
+    async def update(self, response_id: str, change: Change) -> StoredResponse | None:
+        result: StoredResponse | None = await self._timed("update", self.inner.update(response_id, change))
+        return result
+
+    async def expired_leases(self, now: float) -> list[str]:
+        result: list[str] = await self._timed("expired_leases", self.inner.expired_leases(now))
+        return result
+
+    async def delete(self, response_id: str) -> bool:
+        return bool(await self._timed("delete", self.inner.delete(response_id)))
+
+    async def find_item(self, item_id: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = await self._timed("find_item", self.inner.find_item(item_id))
+        return result
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
