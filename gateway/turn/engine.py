@@ -326,7 +326,6 @@ class Turn:
         response already ended elsewhere).  Never raises but for
         cancellation (the client left, or shutdown).
         """
-        settings = self.resources.settings
         session = self.session
         held: list[Event] = []
 
@@ -346,7 +345,21 @@ class Turn:
             self.events += events
             await emit(events)
 
-        self.resources.telemetry.turn_started(self.outcome)
+        telemetry = self.resources.telemetry
+        telemetry.turn_started(self.outcome)
+        with telemetry.span("turn", model=self.outcome.model, transport=self.outcome.transport):
+            await self._run(emit, hold_terminal, held, persist)
+        self._finish_outcome()
+
+    async def _run(
+        self,
+        emit: Emit,
+        hold_terminal: Emit,
+        held: list[Event],
+        persist: Callable[[StoredResponse], Awaitable[list[Event] | None]] | None,
+    ) -> None:
+        settings = self.resources.settings
+        session = self.session
         try:
             async with contextlib.AsyncExitStack() as stack:  # the hosted MCP sessions live here
                 tools = await self._offer_tools(stack, hold_terminal)
@@ -377,7 +390,6 @@ class Turn:
             tail = await self._store_before(held, persist)
         self.events += tail
         await emit(tail)
-        self._finish_outcome()
 
     async def _store_before(
         self, terminal: list[Event], persist: Callable[[StoredResponse], Awaitable[list[Event] | None]] | None
@@ -451,6 +463,7 @@ class Turn:
                 resources.mcp,
                 tools,
                 connect_timeout=resources.settings.mcp_connect_timeout,
+                trace_headers=resources.telemetry.trace_headers(),
             )
             for listing in listings:
                 events += self.translator.list_tools(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -262,6 +262,7 @@ async def open_hosted(
     tools: RequestTools,
     *,
     connect_timeout: float,
+    trace_headers: Mapping[str, str] | None = None,
 ) -> list[HostedListing]:
     """Connect the turn's hosted MCP servers (their sessions live in `stack`) and offer their tools.
 
@@ -280,7 +281,10 @@ async def open_hosted(
             try:
                 session = await stack.enter_async_context(
                     open_remote_session(
-                        spec.server_url, spec.headers, server_label=spec.server_label, connect_timeout=connect_timeout
+                        spec.server_url,
+                        {**(trace_headers or {}), **spec.headers},
+                        server_label=spec.server_label,
+                        connect_timeout=connect_timeout,
                     )
                 )
                 with trio.fail_after(connect_timeout):
