@@ -8,15 +8,17 @@ decisions live in `translate` and `streams`; this module wires them.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 import trio
-from quart import Response, request, websocket
+from quart import Response, has_websocket_context, request, websocket
 from quart.utils import encode_headers
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
@@ -32,15 +34,19 @@ from .errors import (
     InternalError,
     InvalidRequest,
     NotFound,
+    RateLimited,
     RequestTooLarge,
     Unauthorized,
     error_json,
 )
+from .keys import ANONYMOUS, Caller, KeyRing, KeyStore, Limiter, parse_static_keys
+from .keys.stores import open_key_store
 from .logs import add_log_secrets
 from .observe import Telemetry, build_telemetry
 from .redact import Redactor
 from .sealing import Sealer
 from .store import ResponseStore, open_store
+from .store.base import OwnerView
 from .store.observed import ObservedStore
 from .streams.chat_session import ChatSession, collect_chat_completion
 from .streams.sse import encode_done, encode_event, event_json
@@ -81,6 +87,9 @@ class GatewayApp(QuartTrio):
     runner: BackgroundRunner
     resources: Resources
     telemetry: Telemetry
+    keyring: KeyRing
+    limiter: Limiter
+    draining: trio.Event
     mcp: ToolSource | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -89,9 +98,27 @@ class GatewayApp(QuartTrio):
         edge = self.extensions.get("gateway.edge")
         if edge is None:  # made on first use: `settings` is set after construction
             edge = self.extensions["gateway.edge"] = Edge(
-                self.asgi_app, max_websockets=self.settings.websocket_max_connections, telemetry=self.telemetry
+                self.asgi_app,
+                max_websockets=self.settings.websocket_max_connections,
+                telemetry=self.telemetry,
+                authenticate=self.authenticate,
+                cors_origins=self.settings.cors_allow_origins,
+                draining=self.draining.is_set,
             )
         await edge(scope, receive, send)
+
+    async def authenticate(self, scope: Any) -> None:
+        """Who the request comes from (`scope["gateway"]["caller"]`), and its requests per minute.
+
+        Raises:
+            Unauthorized: keys are configured and the request has no valid one.
+            RateLimited: the key's requests per minute are used up.
+            StoreUnavailable: the key store failed.
+        """
+        caller = await self.keyring.identify(scope.get("headers", ()))
+        state = scope.setdefault("gateway", {})
+        state["caller"], state["key_name"] = caller, caller.name
+        await self.limiter.admit_request(caller)
 
 
 def _json(data: bytes, status: int = 200) -> Response:
@@ -100,7 +127,17 @@ def _json(data: bytes, status: int = 200) -> Response:
 
 def error_response(error: GatewayError) -> Response:
     """The one function that turns an error into an HTTP response."""
-    return _json(error_json(error), error.status)
+    response = _json(error_json(error), error.status)
+    if isinstance(error, RateLimited):
+        response.headers["retry-after"] = str(max(1, math.ceil(error.retry_after)))
+    return response
+
+
+def _caller() -> Caller:
+    """The caller the edge identified for the current request (or WebSocket)."""
+    scope: Any = websocket.scope if has_websocket_context() else request.scope
+    caller = (scope.get("gateway") or {}).get("caller", ANONYMOUS)
+    return caller if isinstance(caller, Caller) else ANONYMOUS
 
 
 def create_app(
@@ -109,24 +146,28 @@ def create_app(
     backend: Backend | None = None,
     store: ResponseStore | None = None,
     mcp: ToolSource | None = None,
+    keys: KeyStore | None = None,
     clock: Callable[[], float] = time.time,
     ids: Callable[[str], str] = random_id,
 ) -> GatewayApp:
     """Build the gateway app from a settings object.
 
-    `backend`, `store` and `mcp` (a running MCP manager) replace the ones the
-    settings would build (they are then the caller's to run and close);
+    `backend`, `store`, `mcp` (a running MCP manager) and `keys` (a key
+    store) replace the ones the settings would build (they are then the
+    caller's to run and close);
     `clock` and `ids` are injected into the translator (tests pin them).
     """
     app = GatewayApp(__name__)
     app.settings = settings
     app.telemetry = build_telemetry(settings)
+    app.draining = trio.Event()
     sealer = Sealer(settings.gateway_secret_key or None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # long streams must never be cut by the framework
     app.config["BODY_TIMEOUT"] = max(60.0, settings.stream_timeout)
     owned: OpenAICompatibleBackend | None = None
     owned_store: ResponseStore | None = None
+    owned_keys: KeyStore | None = None
     if backend is not None:
         app.backend = backend
     if store is not None:
@@ -151,6 +192,13 @@ def create_app(
             owned_store = open_store(settings)
             await _warn_if_not_durable(owned_store)
             app.store = ObservedStore(owned_store, app.telemetry)
+        if keys is not None:
+            key_store: KeyStore = keys
+        else:
+            key_store = owned_keys = open_key_store(settings)
+        app.keyring = KeyRing(key_store, parse_static_keys(settings.gateway_api_keys, now=clock()))
+        app.limiter = Limiter(key_store, clock=clock)
+        await app.nursery.start(app.limiter.run_renewals)
         app.runner = BackgroundRunner(
             app.store,
             clock=clock,
@@ -185,6 +233,7 @@ def create_app(
             ids=ids,
             observers=[_log_outcome],
             telemetry=app.telemetry,
+            limiter=app.limiter,
         )
 
     @app.after_serving
@@ -199,6 +248,8 @@ def create_app(
                 await owned.aclose()
             if owned_store is not None:
                 await owned_store.aclose()
+            if owned_keys is not None:
+                await owned_keys.aclose()
 
     # --- errors ----------------------------------------------------------------
 
@@ -255,7 +306,9 @@ def create_app(
     async def _create_response() -> Response:
         req = parse_create_request(await web.body_bytes())
         transport = "background" if req.background else "sse" if req.stream else "json"
-        turn = await prepare_turn(app.resources, req, transport=transport, gateway_tools=_gateway_tools_enabled(req))
+        turn = await prepare_turn(
+            app.resources, req, transport=transport, caller=_caller(), gateway_tools=_gateway_tools_enabled(req)
+        )
         if req.background:
             job = await app.runner.start(turn)
             if req.stream:
@@ -310,6 +363,7 @@ def create_app(
                 app.resources,
                 req,
                 transport="websocket",
+                caller=_caller(),
                 gateway_tools=gateway_tools_enabled((req.model_extra or {}).get("gateway_tools")),
                 cached=(str(previous), cached) if cached is not None else None,
             )
@@ -339,7 +393,7 @@ def create_app(
         summarise = req.model_copy(
             update={"tools": None, "tool_choice": None, "text": None, "reasoning": None, "store": False, "background": False}
         )
-        turn = await prepare_turn(app.resources, summarise, transport="compact", gateway_tools=False)
+        turn = await prepare_turn(app.resources, summarise, transport="compact", caller=_caller(), gateway_tools=False)
         turn.plan.body["messages"].append({"role": "user", "content": _COMPACT_PROMPT})
         final = await _run_to_end(turn)
         summary = "".join(
@@ -373,7 +427,7 @@ def create_app(
     # --- stored responses -----------------------------------------------------
 
     async def _stored(response_id: str) -> Any:
-        record = await app.runner.load(response_id)
+        record = await app.runner.load(response_id, _caller().owner)
         if record is None:
             raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="response_not_found")
         return record
@@ -383,21 +437,23 @@ def create_app(
     async def _get_response(response_id: str) -> Response:
         streaming = request.args.get("stream", "").lower() in ("true", "1")
         after = web.int_arg("starting_after", -1)
-        job = app.runner.job(response_id)
+        owner = _caller().owner
+        job = app.runner.job(response_id, owner)
         if job is not None:
             return web.event_stream(web.follow_job(job, after)) if streaming else _json(orjson.dumps(job.snapshot()))
         record = await _stored(response_id)
         if not streaming:
             return _json(orjson.dumps(record.response))
         if record.response.get("status") in ("queued", "in_progress"):
-            return web.event_stream(web.follow_store(app.runner.load, response_id, after))  # running on another instance
+            load = functools.partial(app.runner.load, owner=owner)
+            return web.event_stream(web.follow_store(load, response_id, after))  # running on another instance
         body = b"".join(encode_event(e) for e in record.events if e.get("sequence_number", 0) > after)
         return web.event_stream(web.once(body + encode_done()))
 
     @app.post("/v1/responses/<response_id>/cancel")
     @app.post("/responses/<response_id>/cancel")
     async def _cancel_response(response_id: str) -> Response:
-        job = app.runner.job(response_id)
+        job = app.runner.job(response_id, _caller().owner)
         if job is not None:
             app.runner.cancel(response_id)
             with trio.move_on_after(5):
@@ -416,7 +472,7 @@ def create_app(
     @app.delete("/v1/responses/<response_id>")
     @app.delete("/responses/<response_id>")
     async def _delete_response(response_id: str) -> Response:
-        if not await app.store.delete(response_id):
+        if not await OwnerView(app.store, _caller().owner).delete(response_id):
             raise NotFound(f"Response with id '{response_id}' not found.", param="response_id", code="response_not_found")
         return _json(orjson.dumps({"id": response_id, "object": "response.deleted", "deleted": True}))
 

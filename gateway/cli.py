@@ -21,6 +21,7 @@ _LAB_COMMANDS = {
     "loadtest": ("gateway.lab.loadtest", "concurrent streams against a Responses or Chat Completions endpoint"),
     "bench": ("gateway.lab.bench", "start simulator and gateway, run the standard scenarios, print one table"),
     "mcp": ("gateway.mcp.cli", "MCP servers: `gateway mcp list` connects to each and prints its tools"),
+    "keys": ("gateway.keys.cli", "API keys: `gateway keys create NAME | list | revoke NAME`"),
 }
 
 

@@ -136,6 +136,27 @@ class Settings(BaseSettings):
     )
     mcp_call_concurrency: int = Field(8, ge=1, description="MCP tool calls run at once per response.")
 
+    # --- keys and limits -------------------------------------------------------
+    gateway_api_keys: str = Field(
+        "",
+        description=(
+            "Fixed API keys, 'name=key' pairs separated by commas (no limits); keys made with "
+            "`gateway keys create` live in the store instead."
+        ),
+        repr=False,
+    )
+    shutdown_grace: float = Field(
+        25.0,
+        ge=0,
+        description=(
+            "Seconds open streams, WebSocket turns and background responses get to finish after SIGTERM; "
+            "then they end with a terminal event."
+        ),
+    )
+    cors_allow_origins: str = Field(
+        "", description="Origins browsers may call from: '*' or a comma-separated list (empty: no CORS)."
+    )
+
     # --- observability -------------------------------------------------------
     metrics_token: str = Field(
         "", description="Bearer token /metrics requires (empty: /metrics is open to whoever reaches the port).", repr=False
@@ -152,6 +173,14 @@ class Settings(BaseSettings):
     log_file_path: str | None = Field(
         "./log/api_adapter.log", description="Log file; empty to log to stderr only."
     )
+
+    @field_validator("gateway_api_keys")
+    @classmethod
+    def _static_keys(cls, value: str) -> str:
+        from .keys import parse_static_keys
+
+        parse_static_keys(value)  # raises ValueError naming the problem (never the keys)
+        return value
 
     @field_validator("store_backend", mode="before")
     @classmethod

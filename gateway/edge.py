@@ -25,6 +25,7 @@ It knows the ASGI message shapes and the error envelope, nothing of routes.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -32,10 +33,10 @@ from typing import Any
 
 import trio
 
-from .errors import GatewayError, InternalError, InvalidRequest, error_json
+from .errors import GatewayError, InternalError, InvalidRequest, RateLimited, error_json
 from .observe import Telemetry, route_of
 
-__all__ = ["Edge", "TooManyWebSockets", "is_failure"]
+__all__ = ["Edge", "ShuttingDown", "TooManyWebSockets", "is_failure"]
 
 log = logging.getLogger("gateway.edge")
 
@@ -60,10 +61,24 @@ class TooManyWebSockets(GatewayError):
 class Edge:
     """Wraps an ASGI app; see the module docstring."""
 
-    def __init__(self, app: ASGIApp, *, max_websockets: int, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_websockets: int,
+        telemetry: Telemetry | None = None,
+        authenticate: Callable[[Scope], Awaitable[None]] | None = None,
+        cors_origins: str = "",
+        draining: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """`authenticate` identifies the caller into `scope["gateway"]` or raises a
+        `GatewayError` (401, 429, 503); `draining` says the gateway is shutting down."""
         self._app = app
         self._max_websockets = max_websockets
         self._telemetry = telemetry or Telemetry()
+        self._authenticate = authenticate
+        self._cors = _Cors(cors_origins)
+        self._draining = draining
         self.websockets = 0  # open now, in this process
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -102,6 +117,13 @@ class Edge:
             )
 
     async def _guarded_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        allowed_origin = self._cors.origin(scope)
+        if allowed_origin is not None:
+            send = _with_headers(send, self._cors.headers(allowed_origin))
+            if _is_preflight(scope):
+                await _drain(receive)
+                await _preflight(send, scope)
+                return
         refusal = _refusal(scope)
         if refusal is not None:
             # The body is read first: answering while the server is still
@@ -109,6 +131,13 @@ class Edge:
             await _drain(receive)
             await _respond(send, refusal, close=True)
             return
+        path = scope.get("path", "")
+        if path not in _OPEN_PATHS:
+            refusal = await self._admit(scope)
+            if refusal is not None:
+                await _drain(receive)
+                await _respond(send, refusal, close=isinstance(refusal, ShuttingDown))
+                return
         started = False
 
         async def guarded_send(message: Message) -> None:
@@ -143,8 +172,20 @@ class Edge:
                     pass
             # After the status line nothing more can be said: the connection is ended unfinished.
 
+    async def _admit(self, scope: Scope) -> GatewayError | None:
+        """Why a request may not go on (shutting down, no valid key, over its rate), or None."""
+        if self._draining():
+            return ShuttingDown("The gateway is shutting down; send the request again (to another instance).")
+        if self._authenticate is None:
+            return None
+        try:
+            await self._authenticate(scope)
+        except GatewayError as error:
+            return error
+        return None
+
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refusal = _refusal(scope)
+        refusal = _refusal(scope) or await self._admit(scope)
         if refusal is None and self.websockets >= self._max_websockets:
             refusal = TooManyWebSockets(
                 f"This gateway holds its maximum of {self._max_websockets} WebSocket connections; try again later."
@@ -180,6 +221,70 @@ class Edge:
         finally:
             self.websockets -= 1
             self._telemetry.websocket_closed()
+
+
+class ShuttingDown(GatewayError):
+    status = 503
+    type = "server_error"
+    code = "server_shutting_down"
+
+
+# Liveness, readiness and metrics (which has its own token) need no API key.
+_OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+
+
+class _Cors:
+    """Which browser origins may call the gateway (`CORS_ALLOW_ORIGINS`)."""
+
+    def __init__(self, setting: str) -> None:
+        entries = {entry.strip().rstrip("/") for entry in setting.split(",") if entry.strip()}
+        self.any = "*" in entries
+        self.origins = frozenset(entries - {"*"})
+
+    def origin(self, scope: Scope) -> str | None:
+        """The value for Access-Control-Allow-Origin, or None (not a CORS request, or not allowed)."""
+        if not (self.any or self.origins):
+            return None
+        origin = next((value for name, value in scope.get("headers", ()) if name == b"origin"), None)
+        if origin is None:
+            return None
+        text = origin.decode("latin-1")
+        if self.any:
+            return "*"
+        return text if text in self.origins else None
+
+    def headers(self, origin: str) -> list[tuple[bytes, bytes]]:
+        headers = [(b"access-control-allow-origin", origin.encode()), (b"access-control-expose-headers", b"x-request-id, retry-after")]
+        if origin != "*":
+            headers.append((b"vary", b"Origin"))
+        return headers
+
+
+def _is_preflight(scope: Scope) -> bool:
+    return scope.get("method") == "OPTIONS" and any(
+        name == b"access-control-request-method" for name, _ in scope.get("headers", ())
+    )
+
+
+async def _preflight(send: Send, scope: Scope) -> None:
+    requested = next((v for n, v in scope.get("headers", ()) if n == b"access-control-request-headers"), None)
+    headers = [
+        (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+        (b"access-control-allow-headers", requested or b"authorization, content-type, x-request-id"),
+        (b"access-control-max-age", b"600"),
+        (b"content-length", b"0"),
+    ]
+    await send({"type": "http.response.start", "status": 204, "headers": headers})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return sending
 
 
 def _request_id(scope: Scope) -> str:
@@ -223,6 +328,8 @@ async def _drain(receive: Receive, limit: int = 1 << 20) -> None:
 async def _respond(send: Send, error: GatewayError, *, close: bool) -> None:
     body = error_json(error)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if isinstance(error, RateLimited):
+        headers.append((b"retry-after", str(max(1, math.ceil(error.retry_after))).encode()))
     if close:
         headers.append((b"connection", b"close"))  # h11 then closes once the response is sent
     with trio.CancelScope(shield=True):  # shielded as in `Edge._http`, for the same reasons
@@ -235,13 +342,10 @@ async def _deny(scope: Scope, send: Send, error: GatewayError) -> None:
     """Refuse a WebSocket handshake with an HTTP error response (or a close where the server cannot)."""
     if "websocket.http.response" in (scope.get("extensions") or {}):
         body = error_json(error)
-        await send(
-            {
-                "type": "websocket.http.response.start",
-                "status": error.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if isinstance(error, RateLimited):
+            headers.append((b"retry-after", str(max(1, math.ceil(error.retry_after))).encode()))
+        await send({"type": "websocket.http.response.start", "status": error.status, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
     else:
         await send({"type": "websocket.close", "code": 1013})

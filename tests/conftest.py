@@ -55,9 +55,9 @@ async def backend(nursery: trio.Nursery) -> ScriptedBackend:
 
 @pytest.fixture
 def start_gateway(nursery: trio.Nursery, backend: ScriptedBackend) -> Callable[..., Any]:
-    async def start(**overrides: Any) -> str:
+    async def start(*, keys: Any = None, **overrides: Any) -> str:
         settings = make_settings(backend.url, **overrides)
-        app = create_app(settings, ids=SequentialIds(), clock=lambda: 1_700_000_000.0)
+        app = create_app(settings, keys=keys, ids=SequentialIds(), clock=lambda: 1_700_000_000.0)
         return await nursery.start(functools.partial(gateway.serve, settings, app=app))  # type: ignore[no-any-return]
 
     return start

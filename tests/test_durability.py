@@ -36,8 +36,13 @@ def closed_port() -> int:
 @pytest.fixture
 async def storeless_url(start_gateway: Any) -> str:
     """A gateway whose Redis store is not there at all (a closed port)."""
+    from gateway.keys.stores import MemoryKeys
+
     return await start_gateway(  # type: ignore[no-any-return]
-        store_backend="redis", redis_url=f"redis://127.0.0.1:{closed_port()}/0", store_retry_seconds=0.3
+        keys=MemoryKeys(),  # the keys are elsewhere: only the conversation store is down
+        store_backend="redis",
+        redis_url=f"redis://127.0.0.1:{closed_port()}/0",
+        store_retry_seconds=0.3,
     )
 
 

@@ -100,7 +100,7 @@ async def test_a_saved_record_loads_back_equal(store):
 
 async def test_unknown_ids_load_as_none(store):
     assert await store.load("resp_missing") is None
-    assert await store.find_item("msg_missing") is None
+    assert await store.holder_of("msg_missing") is None
     assert await store.delete("resp_missing") is False
 
 
@@ -113,15 +113,15 @@ async def test_saving_again_replaces_the_record_and_its_items(store):
 
 async def test_items_are_found_by_their_own_id(store):
     await store.save(record("resp_c"))
-    assert (await store.find_item("msg_in_resp_c"))["role"] == "user"
-    assert (await store.find_item("msg_out_resp_c"))["role"] == "assistant"
+    assert (await store.holder_of("msg_in_resp_c")).find_item("msg_in_resp_c")["role"] == "user"
+    assert (await store.holder_of("msg_out_resp_c")).find_item("msg_out_resp_c")["role"] == "assistant"
 
 
 async def test_delete_removes_the_record_and_its_items(store):
     await store.save(record("resp_d"))
     assert await store.delete("resp_d") is True
     assert await store.load("resp_d") is None
-    assert await store.find_item("msg_in_resp_d") is None
+    assert await store.holder_of("msg_in_resp_d") is None
     assert await store.delete("resp_d") is False
 
 
@@ -148,7 +148,7 @@ async def test_memory_store_evicts_the_least_recently_used_first():
     await store.save(record("resp_3"))
     assert await store.load("resp_2") is None
     assert await store.load("resp_1") is not None and await store.load("resp_3") is not None
-    assert await store.find_item("msg_in_resp_2") is None
+    assert await store.holder_of("msg_in_resp_2") is None
 
 
 async def test_memory_store_forgets_after_the_ttl():

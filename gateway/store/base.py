@@ -29,7 +29,7 @@ import trio
 
 from ..errors import StoreUnavailable
 
-__all__ = ["Change", "ResponseStore", "StoredResponse", "decode_record", "encode_record", "save_retrying"]
+__all__ = ["Change", "OwnerView", "ResponseStore", "StoredResponse", "decode_record", "encode_record", "save_retrying"]
 
 
 @dataclass
@@ -40,6 +40,7 @@ class StoredResponse:
     events: list[dict[str, Any]] = field(default_factory=list)
     previous_response_id: str | None = None
     lease_until: float | None = None  # a running background response's lease (wall-clock seconds)
+    owner: str | None = None  # the API key (its id) that created it; None without keys
 
     def item_ids(self) -> list[str]:
         """Ids of every item this record can resolve: its inputs and its outputs."""
@@ -63,6 +64,7 @@ def encode_record(record: StoredResponse) -> bytes:
             "events": record.events,
             "previous_response_id": record.previous_response_id,
             "lease_until": record.lease_until,
+            "owner": record.owner,
         }
     )
 
@@ -76,6 +78,7 @@ def decode_record(data: bytes) -> StoredResponse:
         events=raw.get("events") or [],
         previous_response_id=raw.get("previous_response_id"),
         lease_until=raw.get("lease_until"),
+        owner=raw.get("owner"),
     )
 
 
@@ -110,8 +113,8 @@ class ResponseStore(Protocol):
         """Remove the record and its item index; False when it was not there."""
         ...
 
-    async def find_item(self, item_id: str) -> dict[str, Any] | None:
-        """An input or output item of a stored response, by the item's id."""
+    async def holder_of(self, item_id: str) -> StoredResponse | None:
+        """The stored response that has the item `item_id` among its inputs or outputs."""
         ...
 
     async def aclose(self) -> None: ...
@@ -134,3 +137,30 @@ async def save_retrying(store: ResponseStore, record: StoredResponse, *, within:
                 raise
         await trio.sleep(delay)
         delay = min(delay * 2, 0.5)
+
+
+class OwnerView:
+    """A store as one caller sees it: records another key created do not exist.
+
+    Lookups by id, by item and deletion all answer as for an unknown id, so
+    that ids cannot be probed.  Saves pass through (the record carries its
+    owner already).
+    """
+
+    def __init__(self, store: ResponseStore, owner: str | None) -> None:
+        self.store = store
+        self.owner = owner
+
+    def _mine(self, record: StoredResponse | None) -> StoredResponse | None:
+        return record if record is not None and record.owner == self.owner else None
+
+    async def load(self, response_id: str) -> StoredResponse | None:
+        return self._mine(await self.store.load(response_id))
+
+    async def holder_of(self, item_id: str) -> StoredResponse | None:
+        return self._mine(await self.store.holder_of(item_id))
+
+    async def delete(self, response_id: str) -> bool:
+        if await self.load(response_id) is None:
+            return False
+        return await self.store.delete(response_id)

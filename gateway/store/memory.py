@@ -78,12 +78,9 @@ class MemoryStore:
         self._unindex(response_id, entry[2])
         return True
 
-    async def find_item(self, item_id: str) -> dict[str, Any] | None:
+    async def holder_of(self, item_id: str) -> StoredResponse | None:
         response_id = self._items.get(item_id)
-        if response_id is None:
-            return None
-        record = await self.load(response_id)
-        return record.find_item(item_id) if record is not None else None
+        return await self.load(response_id) if response_id is not None else None
 
     async def aclose(self) -> None:
         self._records.clear()

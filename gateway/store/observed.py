@@ -46,8 +46,8 @@ class ObservedStore:
     async def delete(self, response_id: str) -> bool:
         return bool(await self._timed("delete", self.inner.delete(response_id)))
 
-    async def find_item(self, item_id: str) -> dict[str, Any] | None:
-        result: dict[str, Any] | None = await self._timed("find_item", self.inner.find_item(item_id))
+    async def holder_of(self, item_id: str) -> StoredResponse | None:
+        result: StoredResponse | None = await self._timed("holder_of", self.inner.holder_of(item_id))
         return result
 
     async def aclose(self) -> None:

@@ -124,12 +124,9 @@ class RedisStore:
         pipe.execute()
         return True
 
-    async def find_item(self, item_id: str) -> dict[str, Any] | None:
+    async def holder_of(self, item_id: str) -> StoredResponse | None:
         response_id = await self._run(self._redis.get, self._key("item", item_id))
-        if response_id is None:
-            return None
-        record = await self.load(response_id.decode())
-        return record.find_item(item_id) if record is not None else None
+        return await self.load(response_id.decode()) if response_id is not None else None
 
     async def aclose(self) -> None:
         await self._run(self._redis.close)

@@ -143,11 +143,9 @@ class SQLiteStore:
             self._conn.execute("DELETE FROM items WHERE response_id = ?", (response_id,))
         return gone > 0
 
-    async def find_item(self, item_id: str) -> dict[str, Any] | None:
+    async def holder_of(self, item_id: str) -> StoredResponse | None:
         data = await self._run(self._find_item, item_id)
-        if data is None:
-            return None
-        return decode_record(data).find_item(item_id)
+        return decode_record(data) if data is not None else None
 
     def _find_item(self, item_id: str) -> bytes | None:
         row = self._conn.execute(

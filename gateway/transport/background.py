@@ -32,7 +32,7 @@ import trio
 
 from ..errors import InternalError, StoreUnavailable
 from ..store import ResponseStore, StoredResponse
-from ..store.base import save_retrying
+from ..store.base import OwnerView, save_retrying
 from ..streams.translator import fail_recorded
 from ..turn import Turn
 
@@ -124,13 +124,13 @@ class BackgroundRunner:
             log.info("ended %d background responses whose gateway instance had stopped", ended)
         return ended
 
-    async def load(self, response_id: str) -> StoredResponse | None:
-        """A stored response; one whose process died is ended first (expired lease).
+    async def load(self, response_id: str, owner: str | None = None) -> StoredResponse | None:
+        """A stored response `owner` may see; one whose process died is ended first (expired lease).
 
         Raises:
             StoreUnavailable: the store failed.
         """
-        record = await self._store.load(response_id)
+        record = await OwnerView(self._store, owner).load(response_id)
         if record is not None and _lease_expired(record, self._clock()):
             record = await self._store.update(response_id, _lost_change(self._clock()))
         return record
@@ -158,8 +158,10 @@ class BackgroundRunner:
         else:
             self.stopped.set()
 
-    def job(self, response_id: str) -> BackgroundJob | None:
-        return self._jobs.get(response_id)
+    def job(self, response_id: str, owner: str | None = None) -> BackgroundJob | None:
+        """The job running here for response `response_id`, if `owner` may see it."""
+        job = self._jobs.get(response_id)
+        return job if job is not None and job.turn.caller.owner == owner else None
 
     async def start(self, turn: Turn) -> BackgroundJob:
         """Store the queued response, then run it; returns at once.

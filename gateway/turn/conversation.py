@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
 from ..errors import InvalidRequest, NotFound
-from ..store import ResponseStore, StoredResponse
+from ..store import StoredResponse
 from ..wire import CreateResponseRequest, InputItem, ItemReference
 
-__all__ = ["Prepared", "input_item_records", "prepare", "record_for", "to_wire"]
+__all__ = ["Prepared", "Records", "input_item_records", "prepare", "record_for", "to_wire"]
 
 _ITEMS = TypeAdapter(list[InputItem])
 _MAX_CHAIN = 10_000  # a loop in stored data must not hang a request
@@ -32,6 +32,14 @@ _ID_PREFIX = {
 }
 
 
+class Records(Protocol):
+    """What resolving a conversation reads: a store, or one caller's view of it."""
+
+    async def load(self, response_id: str) -> StoredResponse | None: ...
+
+    async def holder_of(self, item_id: str) -> StoredResponse | None: ...
+
+
 @dataclass
 class Prepared:
     """The request's conversation: earlier items, and its own input (resolved)."""
@@ -41,8 +49,8 @@ class Prepared:
     input_records: list[dict[str, Any]]  # the same, as stored and listed (each with an id)
 
 
-async def prepare(store: ResponseStore | None, req: CreateResponseRequest, ids: Callable[[str], str]) -> Prepared:
-    """Resolve the request against stored state.
+async def prepare(store: Records | None, req: CreateResponseRequest, ids: Callable[[str], str]) -> Prepared:
+    """Resolve the request against stored state (`store`: what the caller may see of it).
 
     Raises:
         NotFound: `previous_response_id` names no stored response
@@ -57,7 +65,8 @@ async def prepare(store: ResponseStore | None, req: CreateResponseRequest, ids: 
     wire: list[Any] = []
     for index, (item, record) in enumerate(zip(_as_list(req.input), records)):
         if isinstance(item, ItemReference):
-            found = await store.find_item(item.id) if store is not None else None
+            holder = await store.holder_of(item.id) if store is not None else None
+            found = holder.find_item(item.id) if holder is not None else None
             if found is None:
                 raise InvalidRequest(
                     f"Item with id '{item.id}' not found.", param=f"input[{index}].id", code="item_not_found"
@@ -71,7 +80,7 @@ async def prepare(store: ResponseStore | None, req: CreateResponseRequest, ids: 
     return Prepared(history=to_wire(history), input=wire, input_records=resolved)
 
 
-async def _chain(store: ResponseStore | None, response_id: str) -> list[dict[str, Any]]:
+async def _chain(store: Records | None, response_id: str) -> list[dict[str, Any]]:
     turns: list[list[dict[str, Any]]] = []
     current: str | None = response_id
     seen: set[str] = set()

@@ -34,11 +34,12 @@ import trio
 
 from ..backends import ChatBackend
 from ..config import Settings
+from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot
 from ..observe import Telemetry
 from ..errors import BackendStatusError, BackendStreamError, GatewayError, InternalError, InvalidRequest, StoreUnavailable
 from ..sealing import Sealer
 from ..store import ResponseStore, StoredResponse
-from ..store.base import save_retrying
+from ..store.base import OwnerView, save_retrying
 from ..streams.session import ResponseSession
 from ..streams.translator import ResponseTranslator, RoundCall
 from . import conversation
@@ -77,6 +78,7 @@ class Resources:
     ids: Callable[[str], str]
     observers: list[Callable[[TurnOutcome], None]] = field(default_factory=list)
     telemetry: Telemetry = field(default_factory=Telemetry)
+    limiter: Limiter = field(default_factory=lambda: Limiter(None))
 
     @property
     def options(self) -> TranslateOptions:
@@ -214,18 +216,25 @@ async def prepare_turn(
     req: CreateResponseRequest,
     *,
     transport: str,
+    caller: Caller = ANONYMOUS,
     gateway_tools: bool = True,
     cached: tuple[str, Sequence[Any]] | None = None,
 ) -> Turn:
     """Everything that can refuse the request, done before any byte is sent.
 
-    `cached` is a WebSocket connection's copy of its latest response (its
-    id, and the items it continues from): `previous_response_id` naming it
-    is answered from there, so that `store: false` turns can continue.
+    The conversation is what `caller` may see: responses another key made
+    do not exist for it.  `cached` is a WebSocket connection's copy of its
+    latest response (its id, and the items it continues from):
+    `previous_response_id` naming it is answered from there, so that
+    `store: false` turns can continue.  The caller's limits are checked
+    last, and a stream slot taken, which the turn gives back when it ends.
 
     Raises:
         InvalidRequest: the request cannot be served as it is (400).
-        NotFound: `previous_response_id` names no stored response.
+        NotFound: `previous_response_id` names no response the caller may see,
+            or the key may not use the model.
+        PermissionDenied: the key may not use an MCP server the request names.
+        RateLimited: a limit of the key is reached.
         StoreUnavailable: the store failed.
     """
     settings = resources.settings
@@ -233,11 +242,12 @@ async def prepare_turn(
         raise InvalidRequest(
             "Background responses must be stored: 'store' cannot be false.", param="store", code="invalid_value"
         )
+    visible = OwnerView(resources.store, caller.owner)
     if cached is not None:
-        prepared = await conversation.prepare(resources.store, req.model_copy(update={"previous_response_id": None}), resources.ids)
+        prepared = await conversation.prepare(visible, req.model_copy(update={"previous_response_id": None}), resources.ids)
         prepared.history = [*cached[1], *prepared.history]
     else:
-        prepared = await conversation.prepare(resources.store, req, resources.ids)
+        prepared = await conversation.prepare(visible, req, resources.ids)
     response_id = resources.ids("resp")
     plan = plan_chat_request(
         req,
@@ -248,7 +258,7 @@ async def prepare_turn(
         items=prepared.input,
     )
     hosted = hosted_specs(req.tools)
-    await check_hosted(hosted, resources.mcp, _allow_list(settings))
+    await check_hosted(hosted, resources.mcp, _allow_list(settings), caller.limits)
     translator = ResponseTranslator(
         plan.response,
         ids=resources.ids,
@@ -261,8 +271,10 @@ async def prepare_turn(
         if "reasoning.encrypted_content" in (req.include or ())
         else None,
     )
-    outcome = TurnOutcome(response_id, str(plan.body["model"]), transport, trio.current_time())
-    return Turn(resources, req, prepared, plan, translator, hosted, gateway_tools, outcome)
+    model = str(plan.body["model"])
+    outcome = TurnOutcome(response_id, model, transport, trio.current_time(), key=caller.name)
+    slot = await resources.limiter.admit_stream(caller, model, response_id)
+    return Turn(resources, req, prepared, plan, translator, hosted, gateway_tools, outcome, caller, slot)
 
 
 def _allow_list(settings: Settings) -> list[str]:
@@ -282,8 +294,12 @@ class Turn:
         hosted: list[HostedSpec],
         gateway_tools: bool,
         outcome: TurnOutcome,
+        caller: Caller = ANONYMOUS,
+        slot: StreamSlot | None = None,
     ) -> None:
         self.resources = resources
+        self.caller = caller
+        self._slot = slot
         self.req = req
         self.prepared = prepared
         self.plan = plan
@@ -311,8 +327,10 @@ class Turn:
         return conversation.to_wire([*history, *self.prepared.input_records, *(self.response.get("output") or ())])
 
     def record(self, events: list[Event], response: dict[str, Any] | None = None) -> StoredResponse:
-        """The stored form of this response, with `events` as its event log."""
-        return conversation.record_for(self.req, self.prepared, dict(response or self.response), events)
+        """The stored form of this response, with `events` as its event log, owned by its caller."""
+        record = conversation.record_for(self.req, self.prepared, dict(response or self.response), events)
+        record.owner = self.caller.owner
+        return record
 
     async def run(
         self, emit: Emit, *, persist: Callable[[StoredResponse], Awaitable[list[Event] | None]] | None = None
@@ -347,9 +365,23 @@ class Turn:
 
         telemetry = self.resources.telemetry
         telemetry.turn_started(self.outcome)
-        with telemetry.span("turn", model=self.outcome.model, transport=self.outcome.transport):
-            await self._run(emit, hold_terminal, held, persist)
-        self._finish_outcome()
+        try:
+            with telemetry.span("turn", model=self.outcome.model, transport=self.outcome.transport):
+                await self._run(emit, hold_terminal, held, persist)
+        finally:
+            self._finish_outcome()
+            await self._settle()
+
+    async def _settle(self) -> None:
+        """Give back the stream slot and count the tokens used, whatever happened."""
+        limiter = self.resources.limiter
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            await limiter.release(self._slot)
+            usage = self.response.get("usage") or {}
+            try:
+                await limiter.record_tokens(self.caller, int(usage.get("total_tokens") or 0))
+            except GatewayError:
+                log.warning("could not count the tokens of response %s", self.outcome.response_id)
 
     async def _run(
         self,
@@ -471,8 +503,9 @@ class Turn:
                 )
         if self._gateway_tools and resources.mcp is not None:
             taken = {t["function"]["name"] for t in plan.body.get("tools", ())} | set(tools.routes)
+            limits = self.caller.limits
             for tool in resources.mcp.tools():
-                if tool.name not in taken:
+                if tool.name not in taken and limits.allows_server(tool.server):
                     tools.add(resources.mcp, tool)
         if tools.routes and plan.allowed_tools is None:
             plan.body.setdefault("tools", []).extend(tools.chat_tools)

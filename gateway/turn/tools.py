@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import trio
 
 from ..errors import GatewayError, InvalidRequest
+from ..keys import KeyLimits, PermissionDenied
 from ..observe import Telemetry
 from ..streams.translator import RoundCall
 
@@ -223,16 +224,30 @@ def hosted_specs(tools: list[dict[str, Any]] | None) -> list[HostedSpec]:
     return specs
 
 
-async def check_hosted(specs: list[HostedSpec], configured: ToolSource | None, allow: Sequence[str]) -> None:
-    """Refuse, before anything is sent, hosted servers the gateway may not or cannot use.
+async def check_hosted(
+    specs: list[HostedSpec], configured: ToolSource | None, allow: Sequence[str], limits: KeyLimits | None = None
+) -> None:
+    """Refuse, before anything is sent, hosted servers the gateway or the caller's key may not use.
 
     Raises:
         InvalidRequest: a URL the gateway may not contact (`mcp_server_not_allowed`), or a
             `server_label` without `server_url` that names no configured server.
+        PermissionDenied: the key may not use that server (`mcp_server_not_allowed`).
     """
     from ..mcp import check_url_allowed_async
 
     for spec in specs:
+        where = f"tools[{spec.index}]"
+        if limits is not None and spec.server_url and not limits.hosted_mcp:
+            raise PermissionDenied(
+                "This API key may not name MCP servers by URL.", param=f"{where}.server_url", code="mcp_server_not_allowed"
+            )
+        if limits is not None and not spec.server_url and not limits.allows_server(spec.server_label):
+            raise PermissionDenied(
+                f"This API key may not use the MCP server '{spec.server_label}'.",
+                param=f"{where}.server_label",
+                code="mcp_server_not_allowed",
+            )
         if spec.server_url:
             try:
                 await check_url_allowed_async(spec.server_url, allow)

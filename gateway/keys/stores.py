@@ -1,0 +1,317 @@
+"""Where API keys and their counters live: memory, SQLite (the default), Redis (shared).
+
+The same backends as the conversation store, chosen by the same settings,
+so that every instance and `gateway keys` see the same keys.  Counters are
+atomic in each: an SQLite transaction, a Redis INCRBY, a Lua script for
+stream slots.  Library errors become `StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import orjson
+import trio
+
+from ..config import ConfigError, Settings
+from ..errors import StoreUnavailable
+from . import ApiKey, KeyStore
+
+__all__ = ["MemoryKeys", "RedisKeys", "SQLiteKeys", "open_key_store"]
+
+T = TypeVar("T")
+
+
+def open_key_store(settings: Settings) -> KeyStore:
+    """The key store next to the conversation store the settings choose.
+
+    Raises:
+        ConfigError: the SQLite file cannot be opened.
+    """
+    if settings.store_backend == "memory":
+        return MemoryKeys()
+    if settings.store_backend == "redis":
+        return RedisKeys(settings.redis_url)
+    try:
+        return SQLiteKeys(settings.sqlite_path)
+    except (OSError, sqlite3.Error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"SQLITE_PATH: cannot open the key store at {settings.sqlite_path!r}: {reason}") from None
+
+
+class MemoryKeys:
+    """One process's keys (for tests and embedding: `gateway keys` cannot reach it)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._keys: dict[str, ApiKey] = {}
+        self._counters: dict[str, tuple[int, float]] = {}
+        self._slots: dict[str, dict[str, float]] = {}
+        self._clock = clock
+
+    async def put(self, key: ApiKey) -> None:
+        self._keys[key.name] = key
+
+    async def by_digest(self, key_digest: str) -> ApiKey | None:
+        return next((k for k in self._keys.values() if k.digest == key_digest), None)
+
+    async def by_name(self, name: str) -> ApiKey | None:
+        return self._keys.get(name)
+
+    async def all(self) -> list[ApiKey]:
+        return sorted(self._keys.values(), key=lambda k: k.created_at)
+
+    async def any_active(self) -> bool:
+        return any(k.active for k in self._keys.values())
+
+    async def add(self, counter: str, amount: int, ttl: float) -> int:
+        now = self._clock()
+        value, expires = self._counters.get(counter, (0, 0.0))
+        if ttl and expires and expires < now:
+            value = 0
+        value += amount
+        self._counters[counter] = (value, now + ttl if ttl else 0.0)
+        return value
+
+    async def read(self, counter: str) -> int:
+        value, expires = self._counters.get(counter, (0, 0.0))
+        return 0 if expires and expires < self._clock() else value
+
+    async def acquire(self, pool: str, slot: str, limit: int, until: float, now: float) -> bool:
+        slots = self._slots.setdefault(pool, {})
+        for name in [n for n, end in slots.items() if end < now]:
+            del slots[name]
+        if slot not in slots and len(slots) >= limit:
+            return False
+        slots[slot] = until
+        return True
+
+    async def renew(self, pool: str, slots: list[str], until: float) -> None:
+        held = self._slots.get(pool, {})
+        for slot in slots:
+            if slot in held:
+                held[slot] = until
+
+    async def release(self, pool: str, slot: str) -> None:
+        self._slots.get(pool, {}).pop(slot, None)
+
+    async def aclose(self) -> None:
+        pass
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS api_keys (name TEXT PRIMARY KEY, digest TEXT NOT NULL, data BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS api_keys_by_digest ON api_keys(digest);
+CREATE TABLE IF NOT EXISTS key_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL, expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS key_slots (pool TEXT NOT NULL, slot TEXT NOT NULL, until REAL NOT NULL, PRIMARY KEY (pool, slot));
+"""
+
+
+class SQLiteKeys:
+    """Keys and counters in the gateway's SQLite file (shared by the worker processes of one machine)."""
+
+    def __init__(self, path: str, *, clock: Callable[[], float] = time.time) -> None:
+        from ..store.sqlite import _create_private, _retry_locked
+
+        if path != ":memory:":
+            import pathlib
+
+            _create_private(pathlib.Path(path))
+        self._conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
+        _retry_locked(lambda: self._conn.execute("PRAGMA journal_mode=WAL"))
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        _retry_locked(lambda: self._conn.executescript(_SCHEMA))
+        self._limiter = trio.CapacityLimiter(1)
+        self._clock = clock
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable("The key store failed; try again.") from exc
+
+    def _write(self, sql: str, *args: Any) -> None:
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute(sql, args)
+
+    async def put(self, key: ApiKey) -> None:
+        await self._run(
+            self._write,
+            "INSERT OR REPLACE INTO api_keys (name, digest, data) VALUES (?, ?, ?)",
+            key.name,
+            key.digest,
+            orjson.dumps(key.to_json()),
+        )
+
+    def _one(self, sql: str, *args: Any) -> ApiKey | None:
+        row = self._conn.execute(sql, args).fetchone()
+        return ApiKey.from_json(orjson.loads(row[0])) if row is not None else None
+
+    async def by_digest(self, key_digest: str) -> ApiKey | None:
+        return await self._run(self._one, "SELECT data FROM api_keys WHERE digest = ?", key_digest)
+
+    async def by_name(self, name: str) -> ApiKey | None:
+        return await self._run(self._one, "SELECT data FROM api_keys WHERE name = ?", name)
+
+    def _all(self) -> list[ApiKey]:
+        rows = self._conn.execute("SELECT data FROM api_keys").fetchall()
+        return sorted((ApiKey.from_json(orjson.loads(row[0])) for row in rows), key=lambda k: k.created_at)
+
+    async def all(self) -> list[ApiKey]:
+        return await self._run(self._all)
+
+    async def any_active(self) -> bool:
+        return any(key.active for key in await self.all())
+
+    def _add(self, counter: str, amount: int, ttl: float) -> int:
+        now = self._clock()
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            row = self._conn.execute("SELECT value, expires FROM key_counters WHERE name = ?", (counter,)).fetchone()
+            value = 0 if row is None or (row[1] and row[1] < now) else int(row[0])
+            value += amount
+            self._conn.execute(
+                "INSERT OR REPLACE INTO key_counters (name, value, expires) VALUES (?, ?, ?)",
+                (counter, value, now + ttl if ttl else 0.0),
+            )
+            if ttl and value == amount:  # a new window: sweep the expired ones now and then
+                self._conn.execute("DELETE FROM key_counters WHERE expires > 0 AND expires < ?", (now,))
+        return value
+
+    async def add(self, counter: str, amount: int, ttl: float) -> int:
+        return await self._run(self._add, counter, amount, ttl)
+
+    def _read(self, counter: str) -> int:
+        row = self._conn.execute("SELECT value, expires FROM key_counters WHERE name = ?", (counter,)).fetchone()
+        return 0 if row is None or (row[1] and row[1] < self._clock()) else int(row[0])
+
+    async def read(self, counter: str) -> int:
+        return await self._run(self._read, counter)
+
+    def _acquire(self, pool: str, slot: str, limit: int, until: float, now: float) -> bool:
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("DELETE FROM key_slots WHERE pool = ? AND until < ?", (pool, now))
+            taken = self._conn.execute(
+                "SELECT COUNT(*) FROM key_slots WHERE pool = ? AND slot != ?", (pool, slot)
+            ).fetchone()[0]
+            if taken >= limit:
+                return False
+            self._conn.execute("INSERT OR REPLACE INTO key_slots (pool, slot, until) VALUES (?, ?, ?)", (pool, slot, until))
+            return True
+
+    async def acquire(self, pool: str, slot: str, limit: int, until: float, now: float) -> bool:
+        return await self._run(self._acquire, pool, slot, limit, until, now)
+
+    def _renew(self, pool: str, slots: list[str], until: float) -> None:
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.executemany(
+                "UPDATE key_slots SET until = ? WHERE pool = ? AND slot = ?", [(until, pool, s) for s in slots]
+            )
+
+    async def renew(self, pool: str, slots: list[str], until: float) -> None:
+        await self._run(self._renew, pool, slots, until)
+
+    async def release(self, pool: str, slot: str) -> None:
+        await self._run(self._write, "DELETE FROM key_slots WHERE pool = ? AND slot = ?", pool, slot)
+
+    async def aclose(self) -> None:
+        await self._run(self._conn.close)
+
+
+# Take a slot if fewer than ARGV[1] unexpired ones are held: atomic in Redis.
+_ACQUIRE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3])
+if redis.call('ZSCORE', KEYS[1], ARGV[4]) == false and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) - tonumber(ARGV[3])) + 60)
+return 1
+"""
+
+
+class RedisKeys:
+    """Keys and counters in Redis: every instance sees the same keys and counts the same limits."""
+
+    def __init__(self, url: str, *, prefix: str = "gateway", threads: int = 16) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, max_connections=threads)
+        self._errors = redis.exceptions.RedisError
+        self._prefix = prefix
+        self._limiter = trio.CapacityLimiter(threads)
+        self._acquire_script = self._redis.register_script(_ACQUIRE)
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self._prefix, *parts))
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        except self._errors as exc:
+            raise StoreUnavailable("The key store failed; try again.") from exc
+
+    def _put(self, key: ApiKey) -> None:
+        old = self._redis.hget(self._k("keys"), key.name)
+        pipe = self._redis.pipeline(transaction=True)
+        if old is not None:
+            pipe.delete(self._k("keydigest", ApiKey.from_json(orjson.loads(old)).digest))
+        pipe.hset(self._k("keys"), key.name, orjson.dumps(key.to_json()))
+        pipe.set(self._k("keydigest", key.digest), key.name)
+        pipe.execute()
+
+    async def put(self, key: ApiKey) -> None:
+        await self._run(self._put, key)
+
+    async def by_name(self, name: str) -> ApiKey | None:
+        data = await self._run(self._redis.hget, self._k("keys"), name)
+        return ApiKey.from_json(orjson.loads(data)) if data is not None else None
+
+    async def by_digest(self, key_digest: str) -> ApiKey | None:
+        name = await self._run(self._redis.get, self._k("keydigest", key_digest))
+        return await self.by_name(name.decode()) if name is not None else None
+
+    async def all(self) -> list[ApiKey]:
+        values = await self._run(self._redis.hvals, self._k("keys"))
+        return sorted((ApiKey.from_json(orjson.loads(v)) for v in values), key=lambda k: k.created_at)
+
+    async def any_active(self) -> bool:
+        return any(key.active for key in await self.all())
+
+    def _add(self, counter: str, amount: int, ttl: float) -> int:
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.incrby(self._k("counter", counter), amount)
+        if ttl:
+            pipe.expire(self._k("counter", counter), int(ttl), nx=True)
+        return int(pipe.execute()[0])
+
+    async def add(self, counter: str, amount: int, ttl: float) -> int:
+        return int(await self._run(self._add, counter, amount, ttl))
+
+    async def read(self, counter: str) -> int:
+        value = await self._run(self._redis.get, self._k("counter", counter))
+        return int(value) if value is not None else 0
+
+    async def acquire(self, pool: str, slot: str, limit: int, until: float, now: float) -> bool:
+        taken = await self._run(
+            lambda: self._acquire_script(keys=[self._k("slots", pool)], args=[limit, until, now, slot])
+        )
+        return bool(taken)
+
+    def _renew(self, pool: str, slots: list[str], until: float) -> None:
+        if slots:
+            self._redis.zadd(self._k("slots", pool), {slot: until for slot in slots}, xx=True)
+
+    async def renew(self, pool: str, slots: list[str], until: float) -> None:
+        await self._run(self._renew, pool, slots, until)
+
+    async def release(self, pool: str, slot: str) -> None:
+        await self._run(self._redis.zrem, self._k("slots", pool), slot)
+
+    async def aclose(self) -> None:
+        await self._run(self._redis.close)
