@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hmac
+import ipaddress
 import logging
 import math
 import time
@@ -27,6 +28,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from . import web
 from .backends import Backend, OpenAICompatibleBackend
 from .config import Settings
+from .drain import Drain
 from .edge import Edge
 from .errors import (
     BackendStreamError,
@@ -35,6 +37,7 @@ from .errors import (
     InvalidRequest,
     NotFound,
     RateLimited,
+    ShuttingDown,
     RequestTooLarge,
     Unauthorized,
     error_json,
@@ -89,7 +92,7 @@ class GatewayApp(QuartTrio):
     telemetry: Telemetry
     keyring: KeyRing
     limiter: Limiter
-    draining: trio.Event
+    drain: Drain
     mcp: ToolSource | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -103,9 +106,23 @@ class GatewayApp(QuartTrio):
                 telemetry=self.telemetry,
                 authenticate=self.authenticate,
                 cors_origins=self.settings.cors_allow_origins,
-                draining=self.draining.is_set,
+                draining=self.drain.draining.is_set,
             )
         await edge(scope, receive, send)
+
+    async def serving(self, binds: list[str]) -> None:
+        """Told by the serve loop where it listens: warn when that is open to a network without keys."""
+        exposed = [bind for bind in binds if not _loopback(bind)]
+        try:
+            keyed = await self.keyring.required()
+        except GatewayError:
+            keyed = True  # the key store is down: it will say so on every request
+        if exposed and not keyed:
+            log.warning(
+                "no API keys are configured and the gateway listens on %s: anyone who reaches it can use the "
+                "backend and the MCP tools, and read stored responses (see README, Run it for a team)",
+                ", ".join(exposed),
+            )
 
     async def authenticate(self, scope: Any) -> None:
         """Who the request comes from (`scope["gateway"]["caller"]`), and its requests per minute.
@@ -119,6 +136,14 @@ class GatewayApp(QuartTrio):
         state = scope.setdefault("gateway", {})
         state["caller"], state["key_name"] = caller, caller.name
         await self.limiter.admit_request(caller)
+
+
+def _loopback(bind: str) -> bool:
+    host = bind.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _json(data: bytes, status: int = 200) -> Response:
@@ -135,9 +160,18 @@ def error_response(error: GatewayError) -> Response:
 
 def _caller() -> Caller:
     """The caller the edge identified for the current request (or WebSocket)."""
-    scope: Any = websocket.scope if has_websocket_context() else request.scope
-    caller = (scope.get("gateway") or {}).get("caller", ANONYMOUS)
+    caller = _edge_notes().get("caller", ANONYMOUS)
     return caller if isinstance(caller, Caller) else ANONYMOUS
+
+
+def _request_id() -> str | None:
+    """The id the edge gave the current request (or WebSocket), as returned in `x-request-id`."""
+    return _edge_notes().get("request_id")
+
+
+def _edge_notes() -> dict[str, Any]:
+    scope: Any = websocket.scope if has_websocket_context() else request.scope
+    return scope.get("gateway") or {}
 
 
 def create_app(
@@ -160,7 +194,7 @@ def create_app(
     app = GatewayApp(__name__)
     app.settings = settings
     app.telemetry = build_telemetry(settings)
-    app.draining = trio.Event()
+    app.drain = Drain()
     sealer = Sealer(settings.gateway_secret_key or None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # long streams must never be cut by the framework
@@ -234,6 +268,7 @@ def create_app(
             observers=[_log_outcome],
             telemetry=app.telemetry,
             limiter=app.limiter,
+            drain=app.drain,
         )
 
     @app.after_serving
@@ -289,6 +324,12 @@ def create_app(
     async def _health() -> Response:
         return _json(b'{"status":"ok","adapter":"running"}')
 
+    @app.get("/ready")
+    async def _ready() -> Response:
+        if app.drain.draining.is_set():
+            return _json(b'{"status":"draining"}', 503)
+        return _json(b'{"status":"ready"}')
+
     @app.get("/metrics")
     async def _metrics() -> Response:
         if settings.metrics_token and not hmac.compare_digest(
@@ -307,7 +348,12 @@ def create_app(
         req = parse_create_request(await web.body_bytes())
         transport = "background" if req.background else "sse" if req.stream else "json"
         turn = await prepare_turn(
-            app.resources, req, transport=transport, caller=_caller(), gateway_tools=_gateway_tools_enabled(req)
+            app.resources,
+            req,
+            transport=transport,
+            caller=_caller(),
+            gateway_tools=_gateway_tools_enabled(req),
+            request_id=_request_id(),
         )
         if req.background:
             job = await app.runner.start(turn)
@@ -330,12 +376,19 @@ def create_app(
         """WebSocket mode: `response.create` messages answered in order with the same events as SSE."""
         opened = trio.current_time()
         latest: dict[str, Any] = {}  # the connection's latest response: id -> the items it continues from
-        with trio.move_on_after(settings.websocket_max_age) as limit:
-            while True:
-                raw = await websocket.receive()
+        waiting = trio.CancelScope()  # around each wait for a message: a drain ends it
+        with trio.move_on_after(settings.websocket_max_age) as limit, app.drain.on_drain(lambda: waiting.cancel()):
+            while not app.drain.draining.is_set():
+                with waiting:
+                    raw = await websocket.receive()
+                if waiting.cancelled_caught:
+                    break
+                waiting = trio.CancelScope()
                 if not await _ws_turn(raw if isinstance(raw, bytes) else raw.encode(), latest):
                     break
-        if limit.cancelled_caught or trio.current_time() - opened >= settings.websocket_max_age:
+        if app.drain.draining.is_set():
+            await websocket.close(1001)  # going away: the turn in progress has ended first
+        elif limit.cancelled_caught or trio.current_time() - opened >= settings.websocket_max_age:
             await _ws_send([web.ws_error(400, "websocket_connection_limit_reached",
                 "This connection reached its time limit; open a new one.")])
             await websocket.close(1000)
@@ -366,6 +419,7 @@ def create_app(
                 caller=_caller(),
                 gateway_tools=gateway_tools_enabled((req.model_extra or {}).get("gateway_tools")),
                 cached=(str(previous), cached) if cached is not None else None,
+                request_id=_request_id(),
             )
         except GatewayError as error:
             if previous:
@@ -393,7 +447,9 @@ def create_app(
         summarise = req.model_copy(
             update={"tools": None, "tool_choice": None, "text": None, "reasoning": None, "store": False, "background": False}
         )
-        turn = await prepare_turn(app.resources, summarise, transport="compact", caller=_caller(), gateway_tools=False)
+        turn = await prepare_turn(
+            app.resources, summarise, transport="compact", caller=_caller(), gateway_tools=False, request_id=_request_id()
+        )
         turn.plan.body["messages"].append({"role": "user", "content": _COMPACT_PROMPT})
         final = await _run_to_end(turn)
         summary = "".join(
@@ -489,15 +545,24 @@ def create_app(
         if not isinstance(body.get("messages"), list):
             raise InvalidRequest.missing("messages")
         enabled = gateway_tools_enabled(body.pop("gateway_tools", True), request.headers.get("x-gateway-tools", ""))
+        caller = _caller()
+        slot = await app.limiter.admit_stream(caller, str(body.get("model") or ""), ids("chatcmpl"))
         tools = RequestTools()
         if enabled and app.mcp is not None and body.get("tool_choice") != "none":
             own = {t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)}
             for tool in app.mcp.tools():
-                if tool.name not in own:
+                if tool.name not in own and caller.limits.allows_server(tool.server):
                     tools.add(app.mcp, tool)
         if not tools.routes:
             passthrough = web.PassthroughBody(
-                app.backend, "POST", "chat/completions", request.query_string, dict(request.headers), orjson.dumps(body)
+                app.backend,
+                "POST",
+                "chat/completions",
+                request.query_string,
+                dict(request.headers),
+                orjson.dumps(body),
+                on_close=functools.partial(app.limiter.release, slot),
+                drain=app.drain,
             )
             response = Response(passthrough)
             response.timeout = None
@@ -505,6 +570,12 @@ def create_app(
         body["tools"] = [*(body.get("tools") or []), *tools.chat_tools]
         session = ChatSession(body, set(tools.routes), max_rounds=settings.max_tool_call_iterations)
         call_timeout, concurrency = settings.mcp_call_timeout, settings.mcp_call_concurrency
+
+        async def settle() -> None:
+            await app.limiter.release(slot)
+            usage = session.usage or {}
+            await app.limiter.record_tokens(caller, int(usage.get("total_tokens") or 0))
+
         if body.get("stream"):
             stream = ChatCompletionStream(
                 session,
@@ -514,6 +585,8 @@ def create_app(
                 call_timeout=call_timeout,
                 concurrency=concurrency,
                 telemetry=app.telemetry,
+                on_close=settle,
+                drain=app.drain,
             )
             response = Response(stream, content_type="text/event-stream")
             response.timeout = None
@@ -523,9 +596,16 @@ def create_app(
         async def collect(batch: list[dict[str, Any]]) -> None:
             chunks.extend(batch)
 
-        failure = await run_rounds(
-            session, app.backend, collect, tools, call_timeout=call_timeout, concurrency=concurrency, telemetry=app.telemetry
-        )
+        try:
+            with app.drain.stoppable() as stop:
+                failure = await run_rounds(
+                    session, app.backend, collect, tools, call_timeout=call_timeout, concurrency=concurrency, telemetry=app.telemetry
+                )
+        finally:
+            with trio.CancelScope(shield=True):
+                await settle()
+        if stop.cancelled_caught:
+            raise ShuttingDown("The gateway shut down before the answer finished; send the request again.")
         errors = [chunk["error"] for chunk in chunks if "error" in chunk]
         if errors:
             raise failure or BackendStreamError(errors[0]["message"], code=errors[0]["code"])
@@ -533,13 +613,20 @@ def create_app(
 
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def _passthrough(path: str) -> Response:
+        raw = await web.body_bytes()
+        model = web.model_of(raw)
+        if model is not None and not _caller().limits.allows_model(model):
+            raise NotFound(
+                f"The model '{model}' does not exist or you do not have access to it.", param="model", code="model_not_found"
+            )
         body = web.PassthroughBody(
             app.backend,
             request.method,
             web.passthrough_path(path),
             request.query_string,
             dict(request.headers),
-            await web.body_bytes(),
+            raw,
+            drain=app.drain,
         )
         response = Response(body)
         response.timeout = None
@@ -597,17 +684,33 @@ _COMPACT_PROMPT = (
 
 
 def _log_outcome(outcome: TurnOutcome) -> None:
-    """The one line per response at INFO (no prompt text)."""
+    """The one line per response at INFO (no prompt text); its fields are the JSON log's keys."""
     now = trio.current_time() if outcome.finished_at is None else outcome.finished_at
-    ttfe = f"{(outcome.first_event_at - outcome.started) * 1000:.1f}ms" if outcome.first_event_at is not None else "-"
-    log.info(
-        "%s model=%s transport=%s status=%s http=%d duration=%.1fms first_event=%s%s",
-        outcome.response_id,
-        outcome.model,
-        outcome.transport,
-        outcome.status,
-        outcome.http_status,
-        (now - outcome.started) * 1000,
-        ttfe,
-        " client_left" if outcome.client_left else "",
+
+    def ms(at: float | None) -> float | None:
+        return round((at - outcome.started) * 1000, 1) if at is not None else None
+
+    usage = outcome.usage or {}
+    fields: dict[str, Any] = {
+        "response_id": outcome.response_id,
+        "request_id": outcome.request_id,
+        "key": outcome.key,
+        "model": outcome.model,
+        "transport": outcome.transport,
+        "status": outcome.status,
+        "http_status": outcome.http_status,
+        "duration_ms": ms(now),
+        "first_event_ms": ms(outcome.first_event_at),
+        "first_token_ms": ms(outcome.first_token_at),
+        "input_tokens": usage.get("input_tokens"),
+        "output_tokens": usage.get("output_tokens"),
+        "rounds": outcome.rounds,
+        "error": (outcome.error or {}).get("code"),
+        "client_left": outcome.client_left,
+    }
+    text = " ".join(
+        f"{name}={'-' if value is None else value}"
+        for name, value in fields.items()
+        if name not in ("response_id", "client_left") and (value is not None or name in ("first_event_ms", "key"))
     )
+    log.info("%s %s%s", outcome.response_id, text, " client_left" if outcome.client_left else "", extra={"fields": fields})

@@ -173,6 +173,9 @@ class Settings(BaseSettings):
     log_file_path: str | None = Field(
         "./log/api_adapter.log", description="Log file; empty to log to stderr only."
     )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: one escaped line per record; json: one JSON object per line (for log collectors)."
+    )
 
     @field_validator("gateway_api_keys")
     @classmethod
@@ -191,6 +194,11 @@ class Settings(BaseSettings):
     @classmethod
     def _upper_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower_format(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("openai_base_url_internal")
     @classmethod

@@ -33,10 +33,10 @@ from typing import Any
 
 import trio
 
-from .errors import GatewayError, InternalError, InvalidRequest, RateLimited, error_json
+from .errors import GatewayError, InternalError, InvalidRequest, RateLimited, ShuttingDown, error_json
 from .observe import Telemetry, route_of
 
-__all__ = ["Edge", "ShuttingDown", "TooManyWebSockets", "is_failure"]
+__all__ = ["Edge", "TooManyWebSockets", "is_failure"]
 
 log = logging.getLogger("gateway.edge")
 
@@ -221,12 +221,6 @@ class Edge:
         finally:
             self.websockets -= 1
             self._telemetry.websocket_closed()
-
-
-class ShuttingDown(GatewayError):
-    status = 503
-    type = "server_error"
-    code = "server_shutting_down"
 
 
 # Liveness, readiness and metrics (which has its own token) need no API key.

@@ -18,6 +18,7 @@ libraries, so the pure core can use it.
     │   ├── BackendStatusError    the backend's own 4xx (passed on) or 5xx (502)
     │   └── BackendStreamError    an error payload inside a 200 stream, or a cut stream
     ├── StoreUnavailable          503 (the conversation store could not be reached)
+    ├── ShuttingDown              503 (the gateway is draining)
     └── InternalError             500 (a bug; details only in DEBUG logs)
 """
 
@@ -39,6 +40,7 @@ __all__ = [
     "NotFound",
     "RequestTooLarge",
     "RateLimited",
+    "ShuttingDown",
     "StoreUnavailable",
     "Unauthorized",
     "error_body",
@@ -94,9 +96,19 @@ class RateLimited(GatewayError):
     type = "requests"
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, *, retry_after: float, param: str | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: float, kind: str = "requests", param: str | None = None) -> None:
+        """`kind`: what ran out, as OpenAI types it (`requests` or `tokens`)."""
         super().__init__(message, param=param)
         self.retry_after = retry_after
+        self.type = kind
+
+
+class ShuttingDown(GatewayError):
+    """The gateway is draining: new requests are refused, unfinished work ends with this."""
+
+    status = 503
+    type = "server_error"
+    code = "server_shutting_down"
 
 
 class NotFound(GatewayError):

@@ -15,6 +15,12 @@ Escaping, applied to the formatted line (time, level, logger name, message):
   become `\\xNN`;
 - LINE SEPARATOR and PARAGRAPH SEPARATOR become `\\u2028` and `\\u2029`.
 
+With LOG_FORMAT=json, `JsonFormatter` writes one JSON object per line
+instead (`time`, `level`, `logger`, `message`, and the record's `fields`:
+the per-response line carries request id, key name, model, status,
+durations and tokens); JSON's own escaping keeps it on one line, and the
+same redaction applies.
+
 A DEBUG traceback (or stack) follows its line with its newlines kept,
 everything else escaped the same way, and each of its lines indented by two
 spaces: only a record's first line starts at the left margin, so an
@@ -28,12 +34,16 @@ import logging
 import logging.handlers
 import os
 import re
+import time
 from collections.abc import Iterable
+from typing import Any
+
+import orjson
 
 from .config import Settings
 from .redact import Redactor
 
-__all__ = ["SafeFormatter", "add_log_secrets", "configure_logging", "escape_control", "set_log_redactor"]
+__all__ = ["JsonFormatter", "SafeFormatter", "add_log_secrets", "configure_logging", "escape_control", "set_log_redactor"]
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 _MARK = "_gateway_handler"
@@ -92,6 +102,32 @@ class SafeFormatter(logging.Formatter):
         return "  " + text.replace("\n", "\n  ")
 
 
+class JsonFormatter(SafeFormatter):
+    """One JSON object per record, for log collectors (LOG_FORMAT=json).
+
+    Secrets are redacted from the encoded line, as from a text line.  A
+    traceback (DEBUG only) is the `exception` field; below DEBUG only the
+    exception's type is given.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        redactor = self.redactor
+        entry: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": redactor.redact(record.getMessage()),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update({k: v for k, v in fields.items() if k not in entry})
+        exc_info = record.exc_info
+        if exc_info and exc_info[0] is not None:
+            entry["exception"] = self.formatException(exc_info) if self.tracebacks else exc_info[0].__name__
+        line = orjson.dumps(entry, default=str).decode()
+        return redactor.redact(line)
+
+
 def configure_logging(settings: Settings, *, redactor: Redactor | None = None) -> Redactor:
     """Route every logger through the gateway's handlers; returns the redactor in use.
 
@@ -126,7 +162,7 @@ def configure_logging(settings: Settings, *, redactor: Redactor | None = None) -
         handlers.append(
             logging.handlers.RotatingFileHandler(settings.log_file_path, maxBytes=10 * 1024 * 1024, backupCount=3)
         )
-    formatter = SafeFormatter(redactor, tracebacks=debug)
+    formatter = (JsonFormatter if settings.log_format == "json" else SafeFormatter)(redactor, tracebacks=debug)
     for handler in handlers:
         handler.setFormatter(formatter)
         setattr(handler, _MARK, True)

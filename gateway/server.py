@@ -121,9 +121,9 @@ async def _serve_sockets(
     Raises:
         StartupError: the app's startup failed.
     """
-    app = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
     lifespan_state: dict[str, Any] = {}
-    lifespan = _Lifespan(app, config, lifespan_state)
+    lifespan = _Lifespan(wrapped, config, lifespan_state)
     failures: list[BaseException] = []
     lifespan_over = trio.Event()
 
@@ -142,7 +142,9 @@ async def _serve_sockets(
             await lifespan_over.wait()  # startup failed: its reason is on its way
             lifespan_nursery.cancel_scope.cancel()
         else:
-            await _serve_connections(app, config, sockets, settings, lifespan_state, shutdown_trigger, task_status)
+            await _serve_connections(
+                wrapped, config, sockets, settings, lifespan_state, shutdown_trigger, task_status, gateway=app
+            )
             await lifespan.wait_for_shutdown()
             lifespan_nursery.cancel_scope.cancel()
     if not lifespan.started:
@@ -157,8 +159,11 @@ async def _serve_connections(
     lifespan_state: dict[str, Any],
     shutdown_trigger: Callable[[], Awaitable[None]] | None,
     task_status: trio.TaskStatus[str],
+    gateway: Any = None,
 ) -> None:
-    """Accept connections until shutdown; then stop listening and give open ones `graceful_timeout`."""
+    """Accept connections until shutdown; then stop listening, drain (the app's streams,
+    turns and background responses finish or end well), and give open connections
+    `graceful_timeout` to write what is left."""
     context = WorkerContext(None)
     listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets.insecure_sockets]
     binds = [f"http://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in sockets.insecure_sockets]
@@ -167,7 +172,10 @@ async def _serve_connections(
     )
     async with trio.open_nursery() as server_nursery:
         log.info("serving the Responses gateway on %s (backend %s)", binds[0], settings.openai_base_url_internal)
+        if gateway is not None and hasattr(gateway, "serving"):
+            await gateway.serving(binds)
         task_status.started(binds[0])
+        graceful = False
         try:
             async with trio.open_nursery(strict_exception_groups=True) as nursery:
                 if shutdown_trigger is not None:
@@ -179,9 +187,12 @@ async def _serve_connections(
             _, other = error.split((ShutdownError, KeyboardInterrupt))
             if other is not None:
                 raise other
+            graceful = True
         finally:
             for listener in listeners:
                 listener.socket.close()  # new connections are refused, not queued unanswered
+            if graceful and gateway is not None and hasattr(gateway, "drain"):
+                await gateway.drain.run(settings.shutdown_grace)
             await context.terminated.set()  # idle connections close; busy ones get the grace period
             server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
 
@@ -368,7 +379,7 @@ def _run_workers(settings: Settings, *, host: str | None, port: int | None, work
     finally:
         stop.set()
         for process in processes:
-            process.join(config.graceful_timeout + 15)
+            process.join(settings.shutdown_grace + config.graceful_timeout + 15)
             if process.is_alive():
                 process.terminate()
         for sock in sockets.insecure_sockets:

@@ -14,12 +14,14 @@ from types import TracebackType
 from urllib.parse import quote
 from typing import Any, cast
 
+import orjson
 import trio
 from quart import Response, current_app, request
 
 from .backends import PassthroughBackend
 from .transport.background import TERMINAL, BackgroundJob
-from .errors import GatewayError, InvalidRequest, RequestTooLarge, error_json
+from .drain import Drain
+from .errors import GatewayError, InvalidRequest, RequestTooLarge, ShuttingDown, error_json
 from .store import StoredResponse
 from .transport.sse import DeferredHeadBody
 from .streams.sse import encode_done, encode_event
@@ -31,6 +33,7 @@ __all__ = [
     "follow_job",
     "follow_store",
     "int_arg",
+    "model_of",
     "once",
     "page",
     "passthrough_path",
@@ -118,6 +121,18 @@ def passthrough_path(path: str) -> str:
     if not segments:
         raise InvalidRequest("The request path names nothing under /v1.", code="invalid_path")
     return "/".join(quote(segment, safe="") for segment in segments)
+
+
+def model_of(body: bytes) -> str | None:
+    """The `model` a JSON request body names, if any (for the key's allowed models)."""
+    if not body.lstrip().startswith(b"{") or b'"model"' not in body:
+        return None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) else None
 
 
 def ws_error(status: int, code: str, message: str, *, param: str | None = None) -> dict[str, Any]:
@@ -214,30 +229,72 @@ def decompress(raw: bytes, encoding: str, limit: int) -> bytes:
     return out
 
 
+_SHUTTING_DOWN = "The gateway shut down before the backend's answer finished; send the request again."
+
+
 class PassthroughBody(DeferredHeadBody):
-    """Relays one `/v1/{path}` request to the backend, streaming the answer."""
+    """Relays one `/v1/{path}` request to the backend, streaming the answer.
+
+    A drain that runs out of time stops it: before the backend answered,
+    the client gets a 503; in an event stream, an `error` event and
+    `[DONE]` after the last whole event; any other body simply ends.
+    """
 
     def __init__(
-        self, backend: PassthroughBackend, method: str, path: str, query: bytes, headers: dict[str, str], body: bytes
+        self,
+        backend: PassthroughBackend,
+        method: str,
+        path: str,
+        query: bytes,
+        headers: dict[str, str],
+        body: bytes,
+        *,
+        on_close: Callable[[], Awaitable[None]] | None = None,
+        drain: Drain | None = None,
     ) -> None:
+        """`on_close` runs once the body is done (a stream slot to give back, say)."""
         self._backend = backend
+        self._on_close = on_close
+        self._drain = drain
         self._args = (method, path, query, headers, body)
         self._cm: Any = None
         self._upstream: Any = None
         self._error: bytes | None = None
         self._status = 502
         self._chunks: Any = None
+        self._events = False  # the answer is an event stream
+        self._read: trio.CancelScope | None = None  # around the read in progress
+        self._stopped = False
+        self._ending: bytes | None = None  # what an event stream ends with when stopped
 
     async def __aenter__(self) -> PassthroughBody:
+        if self._drain is not None:
+            self._drain.track(self)
         cm = self._backend.open_passthrough(*self._args)
         try:
-            self._upstream = await cm.__aenter__()
+            with trio.CancelScope() as self._read:
+                if self._stopped:
+                    self._read.cancel()
+                self._upstream = await cm.__aenter__()
         except GatewayError as error:
             self._error, self._status = error_json(error), error.status
         else:
+            if self._read.cancelled_caught:
+                stopping = ShuttingDown(_SHUTTING_DOWN)
+                self._error, self._status, self._upstream = error_json(stopping), stopping.status, None
+                return self
             self._cm = cm
             self._chunks = self._upstream.__aiter__()
+            self._events = "text/event-stream" in str(self._upstream.headers.get("content-type", ""))
+        finally:
+            self._read = None
         return self
+
+    def cancel(self) -> None:
+        """Stop (a drain out of time): the read in progress ends, and so does the body."""
+        self._stopped = True
+        if self._read is not None:
+            self._read.cancel()
 
     async def head(self) -> tuple[int, dict[str, str]]:
         if self._upstream is None:
@@ -249,10 +306,28 @@ class PassthroughBody(DeferredHeadBody):
 
     async def __anext__(self) -> bytes:
         if self._error is not None:
-            data, self._error = self._error, None
-            return data
+            answer, self._error = self._error, None
+            return answer
         if self._chunks is None:
             raise StopAsyncIteration
+        if self._drain is None:
+            return await self._next_chunk()
+        if not self._stopped:
+            data: bytes | None = None
+            with trio.CancelScope() as self._read:  # cancelled only by a drain out of time
+                data = await self._next_chunk()
+            self._read = None
+            if data is not None:
+                if self._events:
+                    self._ending = b"" if data.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
+                return data
+        self._chunks = None
+        if not self._events:
+            raise StopAsyncIteration
+        error = error_json(ShuttingDown(_SHUTTING_DOWN))
+        return (self._ending or b"") + b"data: " + error + b"\n\n" + encode_done()
+
+    async def _next_chunk(self) -> bytes:
         try:
             return cast(bytes, await self._chunks.__anext__())
         except StopAsyncIteration:
@@ -264,5 +339,11 @@ class PassthroughBody(DeferredHeadBody):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._cm is not None:
-            await self._cm.__aexit__(exc_type, exc, tb)
+        try:
+            if self._drain is not None:
+                self._drain.untrack(self)
+            if self._cm is not None:
+                await self._cm.__aexit__(exc_type, exc, tb)
+        finally:
+            if self._on_close is not None:
+                await self._on_close()

@@ -171,6 +171,15 @@ SCENARIOS: dict[str, list[Any]] = {
         chunk({"content": "Waiting"}),
         HANG,
     ],
+    "text-then-wait": [  # a stream in flight: one token, then nothing until backend.release
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"content": "Hello"}),
+        WAIT_RELEASE,
+        chunk({"content": ", world"}),
+        chunk(finish="stop"),
+        usage_chunk(),
+        b"[DONE]",
+    ],
     "slow-first-token": [
         WAIT_RELEASE,
         chunk({"content": "Finally"}),

@@ -196,18 +196,21 @@ async def test_a_follower_on_another_gateway_hears_the_end_when_the_runner_dies(
             nursery.cancel_scope.cancel()
 
 
-async def test_sigterm_records_running_background_responses_as_cancelled(tmp_path, backend):
+async def test_sigterm_past_the_grace_ends_running_background_responses_failed_and_stored(tmp_path, backend):
     database = tmp_path / "responses.sqlite3"
     with trio.fail_after(2 * STARTUP_SECONDS + 30):
         async with trio.open_nursery() as nursery, httpx2.AsyncClient(timeout=10) as http:
-            (first,) = await start_gateways(nursery, tmp_path, lease_env(backend.url, tmp_path / "a.log", database))
+            env = {**lease_env(backend.url, tmp_path / "a.log", database), "SHUTDOWN_GRACE": "0.2"}
+            (first,) = await start_gateways(nursery, tmp_path, env)
             response_id = await start_background(http, first.url)
             await backend.stream_started.wait()
             first.process.send_signal(signal.SIGTERM)
             assert await first.process.wait() == 0
             (second,) = await start_gateways(nursery, tmp_path, lease_env(backend.url, tmp_path / "b.log", database))
             r = await http.get(f"{second.url}/v1/responses/{response_id}")
-            assert r.json()["status"] == "cancelled"
+            assert r.json()["status"] == "failed"
+            assert r.json()["error"]["code"] == "server_shutting_down"
             frames = await follow(http, second.url, response_id)
             assert frames[-1] == "[DONE]"
+            assert frames[-2]["type"] == "response.failed"
             nursery.cancel_scope.cancel()

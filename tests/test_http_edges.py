@@ -318,6 +318,16 @@ async def start_background_response(url: str, backend: Any) -> str:
     return str(made.json()["id"])
 
 
+async def error_in_store(tmp_path: Any, response_id: str) -> str | None:
+    store = SQLiteStore(str(tmp_path / "responses.sqlite3"))
+    try:
+        record = await store.load(response_id)
+    finally:
+        await store.aclose()
+    assert record is not None
+    return (record.response.get("error") or {}).get("code")
+
+
 async def status_in_store(tmp_path: Any, response_id: str) -> str:
     store = SQLiteStore(str(tmp_path / "responses.sqlite3"))
     try:
@@ -329,16 +339,21 @@ async def status_in_store(tmp_path: Any, response_id: str) -> str:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-async def test_a_signal_stops_the_gateway_in_order_recording_background_work_cancelled(tmp_path, backend, signum):
+async def test_a_signal_drains_the_gateway_and_stops_unfinished_background_work_with_a_stored_ending(
+    tmp_path, backend, signum
+):
+    # The backend never answers: past SHUTDOWN_GRACE the response ends, failed, and says why.
     with trio.fail_after(STARTUP_SECONDS + 20):
         async with trio.open_nursery() as nursery:
-            process = await nursery.start(run_gateway_process, tmp_path, store_env(tmp_path, backend.url))
+            env = {**store_env(tmp_path, backend.url), "SHUTDOWN_GRACE": "0.5"}
+            process = await nursery.start(run_gateway_process, tmp_path, env)
             response_id = await start_background_response(process.url, backend)
             process.process.send_signal(signum)
             assert await process.process.wait() == 0
     log = bytes(process.stderr).decode()
-    assert f"stopping ({signal.Signals(signum).name})" in log and "Traceback" not in log
-    assert await status_in_store(tmp_path, response_id) == "cancelled"
+    assert f"stopping ({signal.Signals(signum).name})" in log and "Traceback" not in log, log
+    assert await status_in_store(tmp_path, response_id) == "failed", log
+    assert await error_in_store(tmp_path, response_id) == "server_shutting_down"
 
 
 @pytest.mark.parametrize("to_every_process", [False, True], ids=["SIGTERM to the parent", "SIGTERM to every process"])
@@ -346,7 +361,7 @@ async def test_several_workers_share_the_socket_cut_slow_headers_and_stop_in_ord
     # A service manager may signal the parent only (docker, kubernetes) or
     # every process of the service at once (systemd).
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("API_ADAPTER", "LOG_", "SQLITE", "STORE"))}
-    environ.update(API_ADAPTER_HOST="127.0.0.1", API_ADAPTER_PORT="0", REQUEST_HEADER_TIMEOUT="0.5")
+    environ.update(API_ADAPTER_HOST="127.0.0.1", API_ADAPTER_PORT="0", REQUEST_HEADER_TIMEOUT="0.5", SHUTDOWN_GRACE="0.5")
     environ.update(store_env(tmp_path, backend.url))
     async with trio.open_nursery() as nursery:
         process: trio.Process = await nursery.start(
@@ -390,7 +405,8 @@ async def test_several_workers_share_the_socket_cut_slow_headers_and_stop_in_ord
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)  # never leave workers behind a failed test
     assert b"Traceback" not in log
-    assert await status_in_store(tmp_path, response_id) == "cancelled"
+    assert await status_in_store(tmp_path, response_id) == "failed"
+    assert await error_in_store(tmp_path, response_id) == "server_shutting_down"
 
 
 async def test_a_store_that_cannot_open_stops_start_up_with_one_clear_line(tmp_path, backend):

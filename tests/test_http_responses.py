@@ -215,7 +215,7 @@ async def test_one_info_line_per_request_without_prompt_text(gateway_url, client
     for record in caplog.records:
         assert secret not in record.getMessage()
         assert record.exc_info is None or record.levelno < logging.INFO
-    assert "status=completed" in lines[0].getMessage() and "first_event=" in lines[0].getMessage()
+    assert "status=completed" in lines[0].getMessage() and "first_event_ms=" in lines[0].getMessage()
 
 
 async def test_every_frame_is_written_whole_with_lf_endings(gateway_url, client):

@@ -304,3 +304,36 @@ async def test_a_gateway_process_logs_forged_lines_escaped_and_never_its_key(tmp
         assert [line for line in lines if " model=x\\n" + FORGED + " " in line and " status=completed " in line], log
         assert [line for line in lines if f" model=leaked-{MARKER} " in line], log
         assert SECRET not in log
+
+
+async def test_log_format_json_writes_one_object_per_line_with_the_responses_fields(tmp_path, backend):
+    import signal
+
+    import httpx2
+    import orjson
+
+    from test_drain import served
+
+    secret = "sk-test-logs-0123456789"
+    async with served(tmp_path, backend.url, LOG_FORMAT="json", GATEWAY_API_KEYS=f"ops={secret}") as gateway:
+        async with httpx2.AsyncClient(timeout=10) as http:
+            headers = {"authorization": f"Bearer {secret}", "x-request-id": "trace-7"}
+            made = await http.post(gateway.url + "/v1/responses", json={"model": "text", "input": "hi"}, headers=headers)
+            assert made.status_code == 200
+            streamed = await http.post(
+                gateway.url + "/v1/responses", json={"model": "text", "input": "hi", "stream": True}, headers=headers
+            )
+            assert streamed.status_code == 200
+        gateway.process.send_signal(signal.SIGTERM)
+        assert await gateway.process.wait() == 0
+        text = await gateway.read_rest()
+    entries = [orjson.loads(line) for line in text.splitlines() if line.strip()]  # every line is one object
+    assert all({"time", "level", "logger", "message"} <= set(entry) for entry in entries)
+    turns = [entry for entry in entries if entry.get("response_id")]
+    assert [entry["transport"] for entry in turns] == ["json", "sse"]
+    for entry in turns:
+        assert entry["request_id"] == "trace-7" and entry["key"] == "ops" and entry["model"] == "text"
+        assert entry["status"] == "completed" and entry["http_status"] == 200
+        assert (entry["input_tokens"], entry["output_tokens"]) == (11, 7)
+        assert entry["duration_ms"] >= entry["first_event_ms"] >= 0
+    assert secret not in text

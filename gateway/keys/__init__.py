@@ -356,6 +356,7 @@ class Limiter:
                     f"Rate limit reached for tokens: this key may use {limits.tpm} tokens per minute "
                     f"and has used {used}.",
                     retry_after=left,
+                    kind="tokens",
                 )
         if limits.concurrency is None:
             return None

@@ -124,6 +124,11 @@ class ChatSession:
         return self._done
 
     @property
+    def usage(self) -> dict[str, Any] | None:
+        """Chat usage summed over the rounds so far."""
+        return sum_usage(self._usage, self._filter.usage) if not self.round_over else self._usage
+
+    @property
     def round_over(self) -> bool:
         return not self._streaming or self._done
 

@@ -377,6 +377,7 @@ class ResponseTranslator:
         input_tokens_estimate: int | Callable[[], int] = 0,
         tool_kinds: Mapping[str, Any] | None = None,
         seal_reasoning: Callable[[str], str] | None = None,
+        seal_approval: Callable[[dict[str, Any]], str] | None = None,
     ) -> None:
         """`response` is the `ResponseResource` skeleton (id, echoed settings).
 
@@ -394,6 +395,8 @@ class ResponseTranslator:
         # chat function name -> the client's tool (kind "custom" or a namespaced "function")
         self._tool_kinds = dict(tool_kinds or {})
         self._seal_reasoning = seal_reasoning  # include: reasoning.encrypted_content
+        # Seals an approval request, so that a client replaying it proves the gateway issued it.
+        self._seal_approval = seal_approval
         self._round_calls: list[RoundCall] = []
         self._pending_mcp: dict[str, tuple[int, dict[str, Any]]] = {}  # item id -> (index, mcp_call awaiting its result)
         self._round_text: list[str] = []  # the round's message text, for the next round's assistant message
@@ -926,7 +929,10 @@ class ResponseTranslator:
             pending["arguments"] = arguments
             self._pending_mcp[call.id] = (call.index, pending)
             return
-        self._item_done(call.index, kind.item(call, kind.done(call, arguments, status)), events)
+        item = kind.item(call, kind.done(call, arguments, status))
+        if kind.needs_approval and self._seal_approval is not None:
+            item["encrypted_content"] = self._seal_approval(item)
+        self._item_done(call.index, item, events)
 
     def _close_all(self, status: str, events: list[Event]) -> None:
         """Close whatever is open, in output order."""

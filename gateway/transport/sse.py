@@ -17,7 +17,7 @@ into bytes and decide nothing about the protocol.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
@@ -25,6 +25,7 @@ import orjson
 import trio
 from quart.wrappers.response import ResponseBody
 
+from ..drain import Drain
 from ..errors import error_json
 from ..observe import Telemetry
 from ..streams.chat_session import ChatSession
@@ -225,8 +226,13 @@ class ChatCompletionStream(EventChannelBody):
         call_timeout: float,
         concurrency: int,
         telemetry: Telemetry,
+        on_close: Callable[[], Awaitable[None]] | None = None,
+        drain: Drain | None = None,
     ) -> None:
+        """`on_close` runs once the body is done (to give back a stream slot, count tokens)."""
         super().__init__(heartbeat_interval, telemetry)
+        self._on_close = on_close
+        self._drain = drain or Drain()
         self._session = session
         self._backend = backend
         self._tools = tools
@@ -236,20 +242,32 @@ class ChatCompletionStream(EventChannelBody):
     async def head(self) -> tuple[int, dict[str, str]]:
         return 200, dict(SSE_HEADERS)
 
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await super().__aexit__(exc_type, exc, tb)
+        finally:
+            if self._on_close is not None:
+                await self._on_close()
+
     async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
         async def emit(chunks: list[dict[str, Any]]) -> None:
             if chunks:
                 await send_soon(out, b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks]))
 
-        await run_rounds(
-            self._session,
-            self._backend,
-            emit,
-            self._tools,
-            call_timeout=self._call_timeout,
-            concurrency=self._concurrency,
-            telemetry=self._telemetry,
-        )
+        with self._drain.stoppable() as stop:
+            await run_rounds(
+                self._session,
+                self._backend,
+                emit,
+                self._tools,
+                call_timeout=self._call_timeout,
+                concurrency=self._concurrency,
+                telemetry=self._telemetry,
+            )
+        if stop.cancelled_caught:
+            await emit(self._session.fail("server_shutting_down", "The gateway shut down before the answer finished."))
         await out.send(encode_done())
 
 

@@ -34,9 +34,18 @@ import trio
 
 from ..backends import ChatBackend
 from ..config import Settings
+from ..drain import Drain
 from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot
 from ..observe import Telemetry
-from ..errors import BackendStatusError, BackendStreamError, GatewayError, InternalError, InvalidRequest, StoreUnavailable
+from ..errors import (
+    BackendStatusError,
+    BackendStreamError,
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    ShuttingDown,
+    StoreUnavailable,
+)
 from ..sealing import Sealer
 from ..store import ResponseStore, StoredResponse
 from ..store.base import OwnerView, save_retrying
@@ -79,6 +88,7 @@ class Resources:
     observers: list[Callable[[TurnOutcome], None]] = field(default_factory=list)
     telemetry: Telemetry = field(default_factory=Telemetry)
     limiter: Limiter = field(default_factory=lambda: Limiter(None))
+    drain: Drain = field(default_factory=Drain)
 
     @property
     def options(self) -> TranslateOptions:
@@ -219,6 +229,7 @@ async def prepare_turn(
     caller: Caller = ANONYMOUS,
     gateway_tools: bool = True,
     cached: tuple[str, Sequence[Any]] | None = None,
+    request_id: str | None = None,
 ) -> Turn:
     """Everything that can refuse the request, done before any byte is sent.
 
@@ -270,9 +281,10 @@ async def prepare_turn(
         seal_reasoning=(lambda text: resources.sealer.seal("reasoning", {"text": text}))
         if "reasoning.encrypted_content" in (req.include or ())
         else None,
+        seal_approval=lambda item: resources.sealer.seal("approval", _approval_terms(item, caller.owner)),
     )
     model = str(plan.body["model"])
-    outcome = TurnOutcome(response_id, model, transport, trio.current_time(), key=caller.name)
+    outcome = TurnOutcome(response_id, model, transport, trio.current_time(), key=caller.name, request_id=request_id)
     slot = await resources.limiter.admit_stream(caller, model, response_id)
     return Turn(resources, req, prepared, plan, translator, hosted, gateway_tools, outcome, caller, slot)
 
@@ -393,20 +405,25 @@ class Turn:
         settings = self.resources.settings
         session = self.session
         try:
-            async with contextlib.AsyncExitStack() as stack:  # the hosted MCP sessions live here
-                tools = await self._offer_tools(stack, hold_terminal)
-                await self._resume_approvals(tools, hold_terminal)
-                failure = await run_rounds(
-                    session,
-                    self.resources.backend,
-                    hold_terminal,
-                    tools,
-                    call_timeout=settings.mcp_call_timeout,
-                    concurrency=settings.mcp_call_concurrency,
-                    on_answer=self._on_answer,
-                    telemetry=self.resources.telemetry,
-                )
-                self._note_failure(failure)
+            with self.resources.drain.stoppable() as stop:  # a drain out of time ends the turn here
+                async with contextlib.AsyncExitStack() as stack:  # the hosted MCP sessions live here
+                    tools = await self._offer_tools(stack, hold_terminal)
+                    await self._resume_approvals(tools, hold_terminal)
+                    failure = await run_rounds(
+                        session,
+                        self.resources.backend,
+                        hold_terminal,
+                        tools,
+                        call_timeout=settings.mcp_call_timeout,
+                        concurrency=settings.mcp_call_concurrency,
+                        on_answer=self._on_answer,
+                        telemetry=self.resources.telemetry,
+                    )
+                    self._note_failure(failure)
+            if stop.cancelled_caught and not session.done:
+                stopping = ShuttingDown("The gateway shut down before the response finished; send it again.")
+                self._note_failure(stopping)
+                await hold_terminal(session.fail(stopping.code or "server_shutting_down", stopping.message))
         except GatewayError as error:
             self._note_failure(error)
             await hold_terminal(session.fail(error.code or "server_error", error.message, type=error.type, param=error.param))
@@ -522,11 +539,23 @@ class Turn:
         answers = [item for item in self.prepared.input if getattr(item, "type", None) == "mcp_approval_response"]
         if not answers:
             return
+        # Requests in the stored conversation are the gateway's own.  One the
+        # client replays in its input counts only if it carries the gateway's
+        # seal over exactly these terms, for this key: a client cannot approve
+        # a call it wrote itself.
         asked = {
             data.get("id"): data
-            for data in (item.model_dump() for item in [*self.prepared.history, *self.prepared.input])
+            for data in (item.model_dump() for item in self.prepared.history)
             if data.get("type") == "mcp_approval_request"
         }
+        sealer = self.resources.sealer
+        for data in (item.model_dump() for item in self.prepared.input):
+            if data.get("type") != "mcp_approval_request" or data.get("id") in asked:
+                continue
+            token = data.get("encrypted_content")
+            opened = sealer.open("approval", token) if isinstance(token, str) else None
+            if opened is not None and opened == {"kind": "approval", **_approval_terms(data, self.caller.owner)}:
+                asked[data.get("id")] = data
         settings = self.resources.settings
         for answer in answers:
             data = answer.model_dump()
@@ -552,6 +581,17 @@ class Turn:
             await run_calls(tools, [call], keep, call_timeout=settings.mcp_call_timeout, concurrency=1)
             outcome = results[0]
             await emit(self.session.resume(call, output=outcome.output, error=outcome.error, approval_request_id=request_id))
+
+
+def _approval_terms(item: dict[str, Any], owner: str | None) -> dict[str, Any]:
+    """What an approval request's seal covers: the call, and the key it was issued to."""
+    return {
+        "id": item.get("id"),
+        "server_label": item.get("server_label"),
+        "name": item.get("name"),
+        "arguments": item.get("arguments"),
+        "owner": owner,
+    }
 
 
 _NOT_STORED = (

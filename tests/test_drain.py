@@ -1,0 +1,273 @@
+"""Graceful drain: SIGTERM sent to a real `gateway serve` with work in flight.
+
+Readiness turns 503 at once and new requests are refused; open streams,
+WebSocket turns and background responses get SHUTDOWN_GRACE to finish;
+whatever is still running then ends with a terminal event that is also
+stored, and WebSockets get a close frame.  Nothing is cut without an ending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import orjson
+import pytest
+import trio
+from httpx2.websockets import AsyncWebSocketClient, WebSocketDisconnect
+
+from conftest import parse_sse
+from gateway import Settings
+from gateway.store.sqlite import SQLiteStore
+from spec import validate_event
+
+STARTUP_SECONDS = 20
+_SETTINGS_VARIABLES = {name.upper() for name in Settings.model_fields}
+
+
+@dataclass
+class Served:
+    """A `gateway serve` process and the lines it has logged."""
+
+    url: str
+    process: trio.Process
+    lines: list[str] = field(default_factory=list)
+    _stream: Any = None
+    _buffer: bytearray = field(default_factory=bytearray)
+
+    async def until_logged(self, text: str) -> str:
+        """Read the log until a line contains `text` (EOFError if the process ends first)."""
+        for line in self.lines:
+            if text in line:
+                return line
+        while True:
+            while b"\n" not in self._buffer:
+                data = await self._stream.receive_some()
+                if not data:
+                    raise EOFError("\n".join(self.lines))
+                self._buffer += data
+            raw, _, rest = bytes(self._buffer).partition(b"\n")
+            self._buffer = bytearray(rest)
+            line = raw.decode(errors="replace")
+            self.lines.append(line)
+            if text in line:
+                return line
+
+    async def read_rest(self) -> str:
+        while data := await self._stream.receive_some():
+            self._buffer += data
+        self.lines += bytes(self._buffer).decode(errors="replace").splitlines()
+        self._buffer.clear()
+        return "\n".join(self.lines)
+
+
+@contextlib.asynccontextmanager
+async def served(tmp_path: Any, backend_url: str, *args: str, **env: str) -> AsyncIterator[Served]:
+    environ = {k: v for k, v in os.environ.items() if k.upper() not in _SETTINGS_VARIABLES}
+    environ.update(
+        API_ADAPTER_HOST="127.0.0.1",
+        API_ADAPTER_PORT="0",
+        OPENAI_BASE_URL_INTERNAL=backend_url,
+        LOG_FILE_PATH="",
+        STORE_BACKEND="sqlite",
+        SQLITE_PATH=str(tmp_path / "responses.sqlite3"),
+    )
+    environ.update(env)
+    async with trio.open_nursery() as nursery:
+        process: trio.Process = await nursery.start(
+            functools.partial(
+                trio.run_process,
+                [sys.executable, "-m", "gateway", "serve", *args],
+                env=environ,
+                cwd=tmp_path,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                check=False,
+                start_new_session=True,
+            )
+        )
+        try:
+            gateway = Served("", process, _stream=process.stderr)
+            with trio.fail_after(STARTUP_SECONDS):
+                line = await gateway.until_logged("serving the Responses gateway on ")
+            gateway.url = line.split("serving the Responses gateway on ", 1)[1].split(" ", 1)[0]
+            yield gateway
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # never leave a gateway behind a failed test
+
+
+async def stored(tmp_path: Any, response_id: str) -> dict[str, Any]:
+    store = SQLiteStore(str(tmp_path / "responses.sqlite3"))
+    try:
+        record = await store.load(response_id)
+    finally:
+        await store.aclose()
+    assert record is not None, f"{response_id} was not stored"
+    return record.response
+
+
+class OpenStream:
+    """A streamed request held open: its frames so far, and an event per awaited type."""
+
+    def __init__(self) -> None:
+        self.raw = bytearray()
+        self.first_delta = trio.Event()
+        self.ended = trio.Event()
+        self.status: int | None = None
+        self.cut: str | None = None
+
+    async def run(self, url: str, path: str, body: dict[str, Any]) -> None:
+        try:
+            async with httpx2.AsyncClient(timeout=60) as http:
+                async with http.stream("POST", url + path, json=body) as response:
+                    self.status = response.status_code
+                    async for data in response.aiter_bytes():
+                        self.raw += data
+                        if b'"delta"' in self.raw or b"output_text.delta" in self.raw:
+                            self.first_delta.set()
+        except httpx2.TransportError as error:
+            self.cut = f"{path}: the stream was cut after {bytes(self.raw)[-300:]!r} ({error})"
+        self.ended.set()
+
+    @property
+    def frames(self) -> list[Any]:
+        assert self.cut is None, self.cut
+        return parse_sse(bytes(self.raw))
+
+    @property
+    def chunks(self) -> list[Any]:
+        """A Chat Completions stream's data lines (no `event:` names there)."""
+        assert self.cut is None, self.cut
+        lines = [line[6:] for line in bytes(self.raw).split(b"\n") if line.startswith(b"data: ")]
+        return ["[DONE]" if line == b"[DONE]" else orjson.loads(line) for line in lines]
+
+
+async def test_sigterm_refuses_new_work_at_once_and_lets_open_streams_finish_within_the_grace(tmp_path, backend):
+    with trio.fail_after(STARTUP_SECONDS + 30):
+        async with served(tmp_path, backend.url, SHUTDOWN_GRACE="30") as gateway, trio.open_nursery() as nursery:
+            async with httpx2.AsyncClient(timeout=10) as probe:
+                assert (await probe.get(gateway.url + "/ready")).status_code == 200  # keeps its connection open
+                stream = OpenStream()
+                body = {"model": "text-then-wait", "input": "hi", "stream": True}
+                nursery.start_soon(stream.run, gateway.url, "/v1/responses", body)
+                await stream.first_delta.wait()
+
+                gateway.process.send_signal(signal.SIGTERM)
+                await gateway.until_logged("draining: 1 ")
+                ready = await probe.get(gateway.url + "/ready")
+                assert ready.status_code == 503
+                refused = await probe.post(gateway.url + "/v1/responses", json={"model": "text", "input": "hi"})
+                assert refused.status_code == 503
+                assert refused.json()["error"]["code"] == "server_shutting_down"
+            with pytest.raises(httpx2.TransportError):  # nothing new is accepted
+                async with httpx2.AsyncClient(timeout=5) as late:
+                    await late.get(gateway.url + "/health")
+
+            backend.release.set()  # the backend answers within the grace: the stream finishes normally
+            await stream.ended.wait()
+            assert await gateway.process.wait() == 0
+        log = await gateway.read_rest()
+    frames = stream.frames
+    assert frames[-1] == "[DONE]" and frames[-2]["type"] == "response.completed"
+    assert frames[-2]["response"]["output"][0]["content"][0]["text"] == "Hello, world"
+    assert (await stored(tmp_path, frames[-2]["response"]["id"]))["status"] == "completed"
+    assert "Traceback" not in log
+
+
+async def test_past_the_grace_every_kind_of_open_work_ends_with_a_stored_terminal_event(tmp_path, backend):
+    with trio.fail_after(STARTUP_SECONDS + 30):
+        async with served(tmp_path, backend.url, SHUTDOWN_GRACE="0.5") as gateway, trio.open_nursery() as nursery:
+            sse = OpenStream()
+            nursery.start_soon(sse.run, gateway.url, "/v1/responses", {"model": "text-then-wait", "input": "a", "stream": True})
+            chat = OpenStream()
+            chat_body = {"model": "text-then-wait", "messages": [{"role": "user", "content": "b"}], "stream": True}
+            nursery.start_soon(chat.run, gateway.url, "/v1/chat/completions", chat_body)
+            json_answer: list[httpx2.Response] = []
+
+            async def plain_request() -> None:
+                async with httpx2.AsyncClient(timeout=60) as http:
+                    json_answer.append(await http.post(gateway.url + "/v1/responses", json={"model": "text-then-wait", "input": "c"}))
+
+            nursery.start_soon(plain_request)
+            async with httpx2.AsyncClient(timeout=10) as http:
+                background = (await http.post(
+                    gateway.url + "/v1/responses", json={"model": "text-then-wait", "input": "d", "background": True}
+                )).json()
+                async with AsyncWebSocketClient(http).connect(gateway.url.replace("http", "ws") + "/v1/responses") as ws:
+                    await ws.send_text(orjson.dumps({"type": "response.create", "model": "text-then-wait", "input": "e"}).decode())
+                    ws_events = [orjson.loads(await ws.receive_text())]
+                    while ws_events[-1]["type"] != "response.output_text.delta":
+                        ws_events.append(orjson.loads(await ws.receive_text()))
+                    await sse.first_delta.wait()
+                    await chat.first_delta.wait()
+                    await backend.wait_for(lambda: len(backend.chat_requests) == 5)  # all five in flight
+                    gateway.process.send_signal(signal.SIGTERM)
+                    await gateway.until_logged("draining: 5 ")
+                    with pytest.raises(WebSocketDisconnect) as closed:
+                        while True:
+                            ws_events.append(orjson.loads(await ws.receive_text()))
+            await sse.ended.wait()
+            await chat.ended.wait()
+            assert await gateway.process.wait() == 0
+        log = await gateway.read_rest()
+
+    # The SSE stream: what it had, then error + response.failed, then [DONE].
+    frames = sse.frames
+    assert frames[-1] == "[DONE]"
+    assert [f["type"] for f in frames[-3:-1]] == ["error", "response.failed"]
+    failed = frames[-2]["response"]
+    assert failed["error"]["code"] == "server_shutting_down"
+    for frame in frames[:-1]:
+        validate_event(frame)
+    assert (await stored(tmp_path, failed["id"]))["status"] == "failed"
+    assert "Hello" in orjson.dumps(await stored(tmp_path, failed["id"])).decode()  # what was said is kept
+
+    # The chat stream ends with an error chunk, then [DONE].
+    chat_frames = chat.chunks
+    assert chat_frames[-1] == "[DONE]" and chat_frames[-2]["error"]["code"] == "server_shutting_down"
+
+    # The plain request is answered with the error, and its response is stored.
+    (answer,) = json_answer
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "server_shutting_down"
+
+    # The WebSocket turn got its terminal event, then a going-away close frame.
+    assert ws_events[-1]["type"] == "response.failed"
+    assert ws_events[-1]["response"]["error"]["code"] == "server_shutting_down"
+    assert closed.value.code == 1001
+    assert (await stored(tmp_path, ws_events[-1]["response"]["id"]))["status"] == "failed"
+
+    # The background response ended failed, stored; a client that comes back can read why.
+    kept = await stored(tmp_path, background["id"])
+    assert kept["status"] == "failed" and kept["error"]["code"] == "server_shutting_down"
+    assert "Traceback" not in log
+
+
+async def test_with_several_workers_every_worker_drains_its_own_streams(tmp_path, backend):
+    with trio.fail_after(STARTUP_SECONDS * 2 + 30):
+        async with served(tmp_path, backend.url, "--workers", "2", SHUTDOWN_GRACE="0.5") as gateway:
+            await gateway.until_logged("serving the Responses gateway on ")  # the second worker
+            async with trio.open_nursery() as nursery:
+                streams = [OpenStream() for _ in range(4)]
+                for index, stream in enumerate(streams):
+                    body = {"model": "text-then-wait", "input": f"s{index}", "stream": True}
+                    nursery.start_soon(stream.run, gateway.url, "/v1/responses", body)
+                for stream in streams:
+                    await stream.first_delta.wait()
+                gateway.process.send_signal(signal.SIGTERM)  # to the parent only, as docker sends it
+            assert await gateway.process.wait() == 0
+            log = await gateway.read_rest()
+    for stream in streams:
+        frames = stream.frames
+        assert frames[-1] == "[DONE]" and frames[-2]["type"] == "response.failed"
+        assert frames[-2]["response"]["error"]["code"] == "server_shutting_down"
+        assert (await stored(tmp_path, frames[-2]["response"]["id"]))["status"] == "failed"
+    assert "Traceback" not in log
