@@ -158,6 +158,7 @@ class Settings(BaseSettings):
     )
 
     # --- observability -------------------------------------------------------
+    metrics_enabled: bool = Field(True, description="Keep Prometheus metrics and serve them at /metrics.")
     metrics_token: str = Field(
         "", description="Bearer token /metrics requires (empty: /metrics is open to whoever reaches the port).", repr=False
     )

@@ -92,7 +92,9 @@ async def _simulator(**options: Any) -> AsyncIterator[tuple[str, trio.Process]]:
 
 
 @contextlib.asynccontextmanager
-async def _gateway(backend: str, *, workers: int = 1, heartbeat: float = 15.0) -> AsyncIterator[tuple[str, trio.Process]]:
+async def _gateway(
+    backend: str, *, workers: int = 1, heartbeat: float = 15.0, extra: dict[str, str] | None = None
+) -> AsyncIterator[tuple[str, trio.Process]]:
     port = _free_port()
     args = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
     env = {
@@ -101,6 +103,7 @@ async def _gateway(backend: str, *, workers: int = 1, heartbeat: float = 15.0) -
         "LOG_FILE_PATH": "",
         "HEARTBEAT_INTERVAL": str(heartbeat),
         "STREAM_TIMEOUT": "300",
+        **(extra or {}),
     }
     url = f"http://127.0.0.1:{port}"
     async with _process(args, url, env) as process:
@@ -145,11 +148,16 @@ def _met(ok: bool) -> str:
     return "yes" if ok else "NO"
 
 
-async def run_bench(out: pathlib.Path, *, duration: float = 8.0, quick: bool = False, slow_streams: int = 5000) -> Bench:
-    """Run every scenario; returns the bench with its table rows."""
+async def run_bench(
+    out: pathlib.Path, *, duration: float = 8.0, quick: bool = False, slow_streams: int = 5000, only: str = "all"
+) -> Bench:
+    """Run every scenario (or `only` one: `shared`); returns the bench with its table rows."""
     _raise_fd_limit()
     out.mkdir(parents=True, exist_ok=True)
     bench = Bench(out, duration, quick)
+    if only == "shared":
+        await _shared_service_scenario(bench)
+        return bench
     # --- throughput and added latency: 200-chunk replies without delay --------
     async with _simulator(tokens=200) as (sim_url, sim_proc):
         async with _gateway(sim_url) as (gw_url, gw_proc):
@@ -235,6 +243,8 @@ async def run_bench(out: pathlib.Path, *, duration: float = 8.0, quick: bool = F
                 _met(scale >= 1.6),
             )
 
+    await _shared_service_scenario(bench)
+
     # --- heartbeats under load: slow first token ---------------------------------
     if slow_streams <= 0:
         return bench
@@ -283,6 +293,53 @@ async def _heartbeat_scenario(bench: Bench, streams: int) -> None:
     )
 
 
+async def _shared_service_scenario(bench: Bench) -> None:
+    """What keys, limits and metrics cost per request: CPU per response of three gateways on
+    short replies (so that the per-request work is most of the work), one after the other."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        store = {"STORE_BACKEND": "sqlite", "SQLITE_PATH": os.path.join(folder, "gateway.sqlite3")}
+        made = await trio.run_process(
+            [sys.executable, "-m", "gateway", "keys", "create", "bench", "--rpm", "100000000", "--tpm", "1000000000000",
+             "--concurrency", "100000"],
+            env={**os.environ, **store, "LOG_FILE_PATH": ""},
+            capture_stdout=True,
+            capture_stderr=True,
+        )
+        secret = made.stdout.decode().strip()
+        setups = [
+            ("no keys, no metrics", {**store, "METRICS_ENABLED": "false", "SQLITE_PATH": os.path.join(folder, "plain.sqlite3")}, ()),
+            ("metrics", {**store, "SQLITE_PATH": os.path.join(folder, "plain.sqlite3")}, ()),
+            ("keys + limits + metrics", store, (("authorization", f"Bearer {secret}"),)),
+        ]
+        cpu: dict[str, float] = {}
+        async with _simulator(tokens=5) as (sim_url, _sim_proc):
+            for label, extra, headers in setups:
+                async with _gateway(sim_url, extra=extra) as (gw_url, gw_proc):
+                    config = dict(url=gw_url, api="responses", concurrency=20, headers=headers)
+                    await run_load(LoadConfig(**config, requests=200))  # type: ignore[arg-type]
+                    report = await bench.load(
+                        "shared-" + label.replace(" ", "").replace(",", "-"),
+                        LoadConfig(**config, duration=bench.duration),  # type: ignore[arg-type]
+                        [gw_proc.pid],
+                    )
+                    if report.requests_failed:
+                        raise RuntimeError(f"{label}: {report.requests_failed} requests failed")
+                    cpu[label] = (report.server.cpu_per_response_ms if report.server else 0.0) or 0.0
+    base = cpu["no keys, no metrics"]
+    for label in ("metrics", "keys + limits + metrics"):
+        bench.row(
+            f"CPU per request added by {label} (5-token replies, c=20)",
+            "CPU µs",
+            f"{cpu[label] * 1000:.0f} µs",
+            f"{base * 1000:.0f} µs (neither)",
+            f"{(cpu[label] - base) * 1000:+.0f} µs",
+            "",
+            "",
+        )
+
+
 def render(bench: Bench) -> str:
     header = ("scenario", "measure", "gateway", "direct", "ratio / added", "target", "met")
     rows = [header] + [dataclasses.astuple(r) for r in bench.rows]
@@ -310,12 +367,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per throughput run")
     parser.add_argument("--slow-streams", type=int, default=5000, help="concurrent streams in the heartbeat scenario")
     parser.add_argument("--quick", action="store_true", help="shorter runs (smoke test)")
+    parser.add_argument(
+        "--only", choices=["all", "shared"], default="all", help="shared: only the cost of keys, limits and metrics"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     out = pathlib.Path(args.out)
     bench = trio.run(
-        lambda: run_bench(out, duration=args.duration, quick=args.quick, slow_streams=args.slow_streams)
+        lambda: run_bench(out, duration=args.duration, quick=args.quick, slow_streams=args.slow_streams, only=args.only)
     )
     table = render(bench)
     header = f"Responses gateway benchmark — {machine()}"

@@ -173,13 +173,17 @@ def route_of(method: str, path: str) -> str:
 
 
 def build_telemetry(settings: Settings) -> Telemetry:
-    """The telemetry the settings ask for: Prometheus metrics always, OpenTelemetry traces
-    when an OTLP endpoint is configured."""
-    from .metrics import PrometheusTelemetry
+    """The telemetry the settings ask for: Prometheus metrics unless turned off,
+    OpenTelemetry traces when an OTLP endpoint is configured."""
+    parts: list[Telemetry] = []
+    if settings.metrics_enabled:
+        from .metrics import PrometheusTelemetry
 
-    parts: list[Telemetry] = [PrometheusTelemetry(settings)]
+        parts.append(PrometheusTelemetry(settings))
     if settings.otel_exporter_otlp_endpoint:
         from .tracing import OpenTelemetryTracing
 
         parts.append(OpenTelemetryTracing(settings))
+    if not parts:
+        return Telemetry()
     return parts[0] if len(parts) == 1 else Telemetries(parts)
