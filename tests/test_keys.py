@@ -20,6 +20,7 @@ import httpx2
 import orjson
 import pytest
 import trio
+import trio.testing
 from httpx2.websockets import AsyncWebSocketClient, WebSocketUpgradeError
 
 import gateway
@@ -565,3 +566,82 @@ async def test_listening_beyond_loopback_without_keys_is_warned_about_at_start_u
         log = await gateway.read_rest()
     warned = "no API keys are configured and the gateway listens on http://0.0.0.0:" in log
     assert warned is not keys
+
+
+# --- the key stores' contract: memory, SQLite, Redis -------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+async def key_store(request, tmp_path, nursery):
+    from gateway.keys.stores import SQLiteKeys
+
+    now = [1_700_000_000.0]
+    if request.param == "memory":
+        store: Any = MemoryKeys(clock=lambda: now[0])
+    elif request.param == "sqlite":
+        store = SQLiteKeys(str(tmp_path / "keys.sqlite3"), clock=lambda: now[0])
+    else:
+        if REDIS is None:
+            pytest.skip("redis-server is not installed")
+        store = RedisKeys(await start_redis(nursery, tmp_path / "redis"))
+    yield request.param, store, now
+    await store.aclose()
+
+
+async def test_key_stores_keep_keys_by_digest_and_name(key_store):
+    _, store, _ = key_store
+    assert await store.all() == [] and not await store.any_active()
+    await store.put(key("alice", ALICE, rpm=5, models=("a*",)))
+    await store.put(key("bob", BOB))
+    found = await store.by_digest(digest(ALICE))
+    assert found is not None and found.name == "alice" and found.limits == KeyLimits(rpm=5, models=("a*",))
+    assert (await store.by_name("bob")).digest == digest(BOB)  # type: ignore[union-attr]
+    assert await store.by_digest(digest("sk-unknown-0123456789")) is None
+    assert [k.name for k in await store.all()] == ["alice", "bob"] and await store.any_active()
+    alice = await store.by_name("alice")
+    await store.put(ApiKey(**{**alice.__dict__, "revoked_at": 5.0}))  # type: ignore[union-attr]
+    assert not (await store.by_digest(digest(ALICE))).active  # type: ignore[union-attr]
+
+
+async def test_key_stores_count_in_windows_and_lease_slots(key_store):
+    kind, store, now = key_store
+    assert await store.add("rpm:k:1", 1, ttl=120) == 1
+    assert await store.add("rpm:k:1", 2, ttl=120) == 3
+    assert await store.read("rpm:k:1") == 3 and await store.read("rpm:k:2") == 0
+    if kind != "redis":  # Redis expires on its own clock
+        now[0] += 121
+        assert await store.read("rpm:k:1") == 0 and await store.add("rpm:k:1", 1, ttl=120) == 1
+    at = now[0]
+    assert await store.acquire("pool", "a", 2, at + 60, at)
+    assert await store.acquire("pool", "b", 2, at + 60, at)
+    assert not await store.acquire("pool", "c", 2, at + 60, at)
+    assert await store.acquire("pool", "a", 2, at + 60, at)  # a holder asking again keeps its slot
+    await store.release("pool", "a")
+    assert await store.acquire("pool", "c", 2, at + 60, at)
+    await store.renew("pool", ["b"], at + 200)
+    # Past the first lease, unrenewed slots are free again; the renewed one is still held.
+    assert await store.acquire("pool", "d", 2, at + 160, at + 100)
+    assert not await store.acquire("pool", "e", 2, at + 160, at + 100)
+
+
+async def test_the_sqlite_key_store_waits_for_a_lock_another_process_holds(tmp_path):
+    import sqlite3
+
+    from gateway.keys.stores import SQLiteKeys
+
+    store = SQLiteKeys(str(tmp_path / "keys.sqlite3"))
+    other = sqlite3.connect(str(tmp_path / "keys.sqlite3"), isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # as another worker process in the middle of a write
+    results: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: _append(results, store.add("tokens:k", 5, ttl=0)))
+        await trio.testing.wait_all_tasks_blocked()
+        assert results == []  # waiting (in a thread), not failing
+        other.execute("COMMIT")
+    assert results == [5]
+    other.close()
+    await store.aclose()
+
+
+async def _append(results: list[int], call: Any) -> None:
+    results.append(await call)
