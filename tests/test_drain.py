@@ -25,12 +25,10 @@ import trio
 from httpx2.websockets import AsyncWebSocketClient, WebSocketDisconnect
 
 from conftest import parse_sse
-from gateway import Settings
 from gateway.store.sqlite import SQLiteStore
 from spec import validate_event
+from test_multi_instance_and_crash import _SETTINGS_VARIABLES, STARTUP_SECONDS, LineReader
 
-STARTUP_SECONDS = 20
-_SETTINGS_VARIABLES = {name.upper() for name in Settings.model_fields}
 
 
 @dataclass
@@ -39,33 +37,26 @@ class Served:
 
     url: str
     process: trio.Process
+    reader: LineReader
     lines: list[str] = field(default_factory=list)
-    _stream: Any = None
-    _buffer: bytearray = field(default_factory=bytearray)
 
     async def until_logged(self, text: str) -> str:
         """Read the log until a line contains `text` (EOFError if the process ends first)."""
         for line in self.lines:
             if text in line:
                 return line
-        while True:
-            while b"\n" not in self._buffer:
-                data = await self._stream.receive_some()
-                if not data:
-                    raise EOFError("\n".join(self.lines))
-                self._buffer += data
-            raw, _, rest = bytes(self._buffer).partition(b"\n")
-            self._buffer = bytearray(rest)
-            line = raw.decode(errors="replace")
+        while text not in (line := await self.reader.readline()):
             self.lines.append(line)
-            if text in line:
-                return line
+        self.lines.append(line)
+        return line
 
     async def read_rest(self) -> str:
-        while data := await self._stream.receive_some():
-            self._buffer += data
-        self.lines += bytes(self._buffer).decode(errors="replace").splitlines()
-        self._buffer.clear()
+        """Everything logged, once the process has ended."""
+        with contextlib.suppress(EOFError):
+            while True:
+                self.lines.append(await self.reader.readline())
+        self.lines += bytes(self.reader.buffer).decode(errors="replace").splitlines()
+        self.reader.buffer.clear()
         return "\n".join(self.lines)
 
 
@@ -95,7 +86,8 @@ async def served(tmp_path: Any, backend_url: str, *args: str, **env: str) -> Asy
             )
         )
         try:
-            gateway = Served("", process, _stream=process.stderr)
+            assert process.stderr is not None
+            gateway = Served("", process, LineReader(process.stderr))
             with trio.fail_after(STARTUP_SECONDS):
                 line = await gateway.until_logged("serving the Responses gateway on ")
             gateway.url = line.split("serving the Responses gateway on ", 1)[1].split(" ", 1)[0]

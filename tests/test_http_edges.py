@@ -30,7 +30,7 @@ from quart import Response
 
 import gateway
 from conftest import SequentialIds, make_settings, parse_sse
-from gateway.store.sqlite import SQLiteStore
+from test_drain import stored
 from test_multi_instance_and_crash import STARTUP_SECONDS, LineReader, run_gateway_process
 from test_websocket import aconnect_ws, turn, ws_url
 
@@ -318,24 +318,12 @@ async def start_background_response(url: str, backend: Any) -> str:
     return str(made.json()["id"])
 
 
-async def error_in_store(tmp_path: Any, response_id: str) -> str | None:
-    store = SQLiteStore(str(tmp_path / "responses.sqlite3"))
-    try:
-        record = await store.load(response_id)
-    finally:
-        await store.aclose()
-    assert record is not None
-    return (record.response.get("error") or {}).get("code")
-
-
 async def status_in_store(tmp_path: Any, response_id: str) -> str:
-    store = SQLiteStore(str(tmp_path / "responses.sqlite3"))
-    try:
-        record = await store.load(response_id)
-    finally:
-        await store.aclose()
-    assert record is not None
-    return str(record.response["status"])
+    return str((await stored(tmp_path, response_id))["status"])
+
+
+async def error_in_store(tmp_path: Any, response_id: str) -> str | None:
+    return ((await stored(tmp_path, response_id)).get("error") or {}).get("code")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
