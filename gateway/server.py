@@ -341,6 +341,8 @@ def _run_workers(settings: Settings, *, host: str | None, port: int | None, work
 
     A worker that dies is replaced; one that cannot start stops them all.
     """
+    from .observe.metrics import shared_across_workers
+
     config = hypercorn_config(settings, host=host, port=port)
     sockets = config.create_sockets()
     for sock in sockets.insecure_sockets:
@@ -360,30 +362,34 @@ def _run_workers(settings: Settings, *, host: str | None, port: int | None, work
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     log.info("starting %d worker processes on %s", workers, config.bind[0])
     exitcode = 0
-    try:
-        while not stopping:
-            while len(processes) < workers:
-                process = context.Process(target=_worker, args=(settings, host, port, sockets, stop))
-                process.start()
-                processes.append(process)
-            signal.signal(signal.SIGINT, on_signal)
-            signal.signal(signal.SIGTERM, on_signal)
-            wait([process.sentinel for process in processes])
-            for process in [p for p in processes if not p.is_alive()]:
-                processes.remove(process)
-                if process.exitcode == _CANNOT_START:
-                    exitcode, stopping = 2, True
-                    stop.set()
-                elif not stopping:
-                    log.warning("worker %s exited (%s); starting another", process.pid, process.exitcode)
-    finally:
-        stop.set()
-        for process in processes:
-            process.join(settings.shutdown_grace + config.graceful_timeout + 15)
-            if process.is_alive():
-                process.terminate()
-        for sock in sockets.insecure_sockets:
-            sock.close()
+    # Entered before the first worker starts: they all keep their metrics in one directory.
+    with shared_across_workers(settings) as worker_exited:
+        try:
+            while not stopping:
+                while len(processes) < workers:
+                    process = context.Process(target=_worker, args=(settings, host, port, sockets, stop))
+                    process.start()
+                    processes.append(process)
+                signal.signal(signal.SIGINT, on_signal)
+                signal.signal(signal.SIGTERM, on_signal)
+                wait([process.sentinel for process in processes])
+                for process in [p for p in processes if not p.is_alive()]:
+                    processes.remove(process)
+                    worker_exited(process.pid)
+                    if process.exitcode == _CANNOT_START:
+                        exitcode, stopping = 2, True
+                        stop.set()
+                    elif not stopping:
+                        log.warning("worker %s exited (%s); starting another", process.pid, process.exitcode)
+        finally:
+            stop.set()
+            for process in processes:
+                process.join(settings.shutdown_grace + config.graceful_timeout + 15)
+                if process.is_alive():
+                    process.terminate()
+                worker_exited(process.pid)
+            for sock in sockets.insecure_sockets:
+                sock.close()
     return exitcode
 
 

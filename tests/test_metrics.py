@@ -1,0 +1,358 @@
+"""Prometheus metrics at /metrics, over real sockets: what each hook counts, with which labels.
+
+Every value is read back from the page itself (parsed with prometheus-client's
+own parser): requests by route, method, status and key; responses by model,
+status, key and transport; tokens; latency histograms; live gauges; heartbeats;
+backend errors; MCP calls; store latency; the page's token; and the sum over
+`--workers N` processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import httpx2
+import pytest
+import trio
+import trio.testing
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import make_settings, parse_sse
+from gateway import Settings
+from gateway.observe.metrics import OTHER, PrometheusTelemetry
+from gateway.turn.engine import TurnOutcome
+from scripted_backend import USAGE
+from test_multi_instance_and_crash import STARTUP_SECONDS, LineReader
+from test_websocket import aconnect_ws, turn, ws_url
+
+ALICE = "sk-alice-0123456789"
+EXAMPLE_MCP = pathlib.Path(__file__).parent.parent / "examples" / "mcp_server.py"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def samples_of(page: str) -> Samples:
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def label_values(samples: Samples) -> set[str]:
+    return {v for _, labels in samples for _, v in labels}
+
+
+async def scrape(client: httpx2.AsyncClient, url: str, *, token: str | None = None) -> Samples:
+    """The page, once every task of the test's gateway has settled.
+
+    The edge counts a request after its last byte has gone: waiting until
+    every task is blocked lets it finish counting the requests before.
+    """
+    with trio.fail_after(10):
+        await trio.testing.wait_all_tasks_blocked()
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        page = await client.get(url + "/metrics", headers=headers)
+    assert page.status_code == 200, page.text
+    return samples_of(page.text)
+
+
+def comments_in(body: bytes) -> int:
+    """SSE comment frames (the heartbeats) in a stream."""
+    return sum(1 for frame in body.split(b"\n\n") if frame and all(line.startswith(b":") for line in frame.split(b"\n")))
+
+
+# --- responses and requests ------------------------------------------------------------------
+
+
+async def test_a_streamed_and_a_json_response_are_counted_with_their_labels_tokens_and_timings(start_gateway, client):
+    url = await start_gateway(gateway_api_keys=f"alice={ALICE}")
+    auth = {"authorization": f"Bearer {ALICE}"}
+    streamed = await client.post(url + "/v1/responses", headers=auth, json={"model": "text", "input": "hi", "stream": True})
+    plain = await client.post(url + "/v1/responses", headers=auth, json={"model": "text", "input": "hi"})
+    refused = await client.post(url + "/v1/responses", json={"model": "text", "input": "hi"})
+    assert (streamed.status_code, plain.status_code, refused.status_code) == (200, 200, 401)
+    usages = [parse_sse(streamed.content)[-2]["response"]["usage"], plain.json()["usage"]]  # type: ignore[index]
+
+    await trio.testing.wait_all_tasks_blocked()
+    page = await client.get(url + "/metrics")
+    assert page.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    m = samples_of(page.text)
+
+    requests = "gateway_http_requests_total"
+    assert value(m, requests, route="/v1/responses", method="POST", status="200", key="alice") == 2
+    assert value(m, requests, route="/v1/responses", method="POST", status="401", key="anonymous") == 1
+    assert value(m, "gateway_http_request_duration_seconds_count", route="/v1/responses") == 3
+    responses = "gateway_responses_total"
+    assert value(m, responses, model="text", status="completed", key="alice", transport="sse") == 1
+    assert value(m, responses, model="text", status="completed", key="alice", transport="json") == 1
+    # The tokens are the responses' usage, which is the backend's.
+    assert [u["input_tokens"] for u in usages] == [USAGE["prompt_tokens"]] * 2
+    assert value(m, "gateway_tokens_total", model="text", key="alice", direction="in") == sum(u["input_tokens"] for u in usages)
+    assert value(m, "gateway_tokens_total", model="text", key="alice", direction="out") == sum(u["output_tokens"] for u in usages)
+    assert value(m, "gateway_time_to_first_token_seconds_count", model="text") == 2
+    for transport in ("sse", "json"):
+        assert value(m, "gateway_time_to_first_event_seconds_count", model="text", transport=transport) == 1
+        assert value(m, "gateway_response_duration_seconds_count", model="text", transport=transport) == 1
+    first_token = value(m, "gateway_time_to_first_token_seconds_sum", model="text")
+    durations = sum(value(m, "gateway_response_duration_seconds_sum", model="text", transport=t) or 0 for t in ("sse", "json"))
+    assert first_token is not None and 0 < first_token <= durations
+    assert value(m, "gateway_active_streams") == 0
+    # Both responses were stored, each with one timed save.
+    assert value(m, "gateway_store_operation_duration_seconds_count", operation="save", ok="true") == 2
+
+
+async def test_a_stream_in_flight_is_an_active_stream_until_it_ends(gateway_url, client, backend):
+    async with client.stream(
+        "POST", gateway_url + "/v1/responses", json={"model": "text-then-wait", "input": "hi", "stream": True}
+    ) as streamed:
+        chunks = streamed.aiter_bytes()
+        body = b""
+        with trio.fail_after(10):
+            while b'"delta":"Hello"' not in body:
+                body += await anext(chunks)
+        assert value(await scrape(client, gateway_url), "gateway_active_streams") == 1
+        backend.release.set()
+        with trio.fail_after(10):
+            async for data in chunks:
+                body += data
+    assert body.endswith(b"data: [DONE]\n\n")
+    m = await scrape(client, gateway_url)
+    assert value(m, "gateway_active_streams") == 0
+    assert value(m, "gateway_responses_total", model="text-then-wait", status="completed", key="anonymous", transport="sse") == 1
+
+
+async def test_a_client_leaving_mid_stream_ends_its_active_stream_as_client_left(gateway_url, client, backend):
+    async with client.stream("POST", gateway_url + "/v1/responses", json={"model": "hang", "input": "hi", "stream": True}):
+        with trio.fail_after(10):
+            await backend.stream_started.wait()
+        assert value(await scrape(client, gateway_url), "gateway_active_streams") == 1
+    with trio.fail_after(10):
+        await backend.client_left.wait()  # the gateway hung up on the backend: the turn is over
+    m = await scrape(client, gateway_url)
+    assert value(m, "gateway_active_streams") == 0
+    assert value(m, "gateway_responses_total", model="hang", status="client_left", key="anonymous", transport="sse") == 1
+
+
+async def test_every_heartbeat_sent_is_counted(start_gateway, client, backend):
+    url = await start_gateway(heartbeat_interval=0.2)
+    async with client.stream("POST", url + "/v1/responses", json={"model": "slow-first-token", "input": "hi", "stream": True}) as streamed:
+        chunks = streamed.aiter_bytes()
+        body = b""
+        with trio.fail_after(10):
+            while comments_in(body) == 0:  # the backend is silent until released
+                body += await anext(chunks)
+        backend.release.set()
+        with trio.fail_after(10):
+            async for data in chunks:
+                body += data
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert value(await scrape(client, url), "gateway_heartbeats_total") == comments_in(body) >= 1
+
+
+async def test_backend_errors_are_counted_by_kind_and_unserved_model_names_stay_out_of_the_labels(gateway_url, client):
+    failed = await client.post(gateway_url + "/v1/responses", json={"model": "http-500", "input": "hi"})
+    unknown = await client.post(gateway_url + "/v1/responses", json={"model": "unknown-model", "input": "hi"})
+    assert (failed.status_code, unknown.status_code) == (502, 404)
+    assert unknown.json()["error"]["code"] == "model_not_found"
+    m = await scrape(client, gateway_url)
+    assert value(m, "gateway_backend_errors_total", kind="backend_error") == 1
+    assert value(m, "gateway_backend_errors_total", kind="model_not_found") == 1
+    # No response of either model ever produced a token: they count as "other".
+    assert value(m, "gateway_responses_total", model=OTHER, status="failed", key="anonymous", transport="json") == 2
+    assert not {"http-500", "unknown-model"} & label_values(m)
+    requests = "gateway_http_requests_total"
+    assert value(m, requests, route="/v1/responses", method="POST", status="502", key="anonymous") == 1
+    assert value(m, requests, route="/v1/responses", method="POST", status="404", key="anonymous") == 1
+
+
+async def test_labels_are_route_templates_and_known_methods_whatever_the_client_sends(gateway_url, client):
+    missing = await client.get(gateway_url + "/v1/responses/resp_secret123")
+    brewed = await client.request("BREW", gateway_url + "/health")
+    assert (missing.status_code, brewed.status_code) == (404, 405)
+    m = await scrape(client, gateway_url)
+    requests = "gateway_http_requests_total"
+    assert value(m, requests, route="/v1/responses/{id}", method="GET", status="404", key="anonymous") == 1
+    assert value(m, requests, route="/health", method=OTHER, status="405", key="anonymous") == 1
+    assert not {"resp_secret123", "/v1/responses/resp_secret123", "BREW"} & label_values(m)
+
+
+def test_model_labels_are_capped_and_a_hook_never_raises():
+    telemetry = PrometheusTelemetry(make_settings("http://127.0.0.1:9"))
+    for n in range(150):
+        outcome = TurnOutcome(f"resp_{n}", f"model-{n}", "json", 0.0, status="completed", first_token_at=0.5, finished_at=1.0)
+        telemetry.turn_started(outcome)
+        telemetry.turn_finished(outcome)
+    broken = TurnOutcome("resp_x", "model-0", "json", 0.0, status="completed", usage={"input_tokens": "many"})
+    telemetry.turn_finished(broken)  # a malformed usage costs its metric, never the request
+    telemetry.turn_finished(broken)  # a turn never started leaves the gauge alone
+    page = telemetry.exposition()
+    assert page is not None
+    m = samples_of(page[0].decode())
+    models = {dict(labels)["model"] for name, labels in m if name == "gateway_responses_total"}
+    assert len(models) == 101 and OTHER in models  # 100 names, then "other"
+    assert value(m, "gateway_responses_total", model=OTHER, status="completed", key="anonymous", transport="json") == 50
+    assert value(m, "gateway_active_streams") == 0
+
+
+# --- WebSockets, MCP ------------------------------------------------------------------------------
+
+
+async def test_an_open_websocket_is_counted_until_it_closes(gateway_url, client):
+    async with aconnect_ws(ws_url(gateway_url)) as ws:
+        events = await turn(ws, model="text", input="hi")
+        assert events[-1]["type"] == "response.completed"
+        m = await scrape(client, gateway_url)
+        assert value(m, "gateway_websocket_connections") == 1
+        assert value(m, "gateway_responses_total", model="text", status="completed", key="anonymous", transport="websocket") == 1
+        assert value(m, "gateway_tokens_total", model="text", key="anonymous", direction="out") == USAGE["completion_tokens"]
+    assert value(await scrape(client, gateway_url), "gateway_websocket_connections") == 0
+
+
+async def test_mcp_calls_are_counted_by_server_tool_and_outcome(start_gateway, client, backend, tmp_path):
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"example": {"command": sys.executable, "args": [str(EXAMPLE_MCP)]}}}))
+    url = await start_gateway(mcp_servers_config_path=str(config))  # serves once the server has connected
+    added = (await client.post(url + "/v1/responses", json={"model": "mcp-add", "input": "2+3?"})).json()
+    offered = [t["function"]["name"] for t in backend.chat_requests[0].get("tools", [])]
+    assert "add" in offered, offered
+    failed = (await client.post(url + "/v1/responses", json={"model": "mcp-fail", "input": "x"})).json()
+    calls = [item for r in (added, failed) for item in r["output"] if item["type"] == "mcp_call"]
+    assert [(c["name"], c["status"]) for c in calls] == [("add", "completed"), ("fail", "failed")]
+    m = await scrape(client, url)
+    assert value(m, "gateway_mcp_calls_total", server="example", tool="add", outcome="ok") == 1
+    assert value(m, "gateway_mcp_calls_total", server="example", tool="fail", outcome="error") == 1
+    assert value(m, "gateway_mcp_calls_total", server="example", tool="add", outcome="error") is None
+    assert value(m, "gateway_mcp_call_duration_seconds_count", server="example", tool="add") == 1
+    assert value(m, "gateway_mcp_call_duration_seconds_count", server="example", tool="fail") == 1
+
+
+# --- the page itself --------------------------------------------------------------------------------
+
+
+async def test_the_metrics_token_is_required_once_set(start_gateway, client):
+    url = await start_gateway(metrics_token="scrape-secret")
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "scrape-secret"}):
+        refused = await client.get(url + "/metrics", headers=headers)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    m = await scrape(client, url, token="scrape-secret")
+    assert value(m, "gateway_http_requests_total", route="/metrics", method="GET", status="401", key="anonymous") == 3
+
+
+async def test_no_metrics_page_when_metrics_are_off(start_gateway, client):
+    url = await start_gateway(metrics_enabled=False)
+    page = await client.get(url + "/metrics")
+    assert page.status_code == 404 and page.json()["error"]["code"] == "unknown_url"
+
+
+# --- several worker processes -------------------------------------------------------------------------
+
+
+def responses_by_worker(directory: pathlib.Path) -> dict[str, float]:
+    """Completed JSON responses counted in each worker's own file."""
+    counts = {}
+    for path in directory.glob("counter_*.db"):
+        merged = MultiProcessCollector.merge([str(path)])
+        counts[path.stem] = sum(
+            s.value for family in merged for s in family.samples if s.name == "gateway_responses_total"
+        )
+    return counts
+
+
+@pytest.mark.parametrize("operator_dir", [False, True], ids=["a directory of its own", "the operator's directory"])
+async def test_workers_show_one_sum_whichever_answers_and_leave_no_files_behind(tmp_path, backend, operator_dir):
+    temp = tmp_path / "tmp"  # where the gateway makes its own metrics directory
+    temp.mkdir()
+    given = tmp_path / "metrics"
+    given.mkdir()
+    settings_variables = {name.upper() for name in Settings.model_fields}
+    environ = {k: v for k, v in os.environ.items() if k.upper() not in settings_variables | {"PROMETHEUS_MULTIPROC_DIR"}}
+    environ.update(
+        API_ADAPTER_HOST="127.0.0.1",
+        API_ADAPTER_PORT="0",
+        OPENAI_BASE_URL_INTERNAL=backend.url,
+        LOG_FILE_PATH="",
+        STORE_BACKEND="memory",
+        TMPDIR=str(temp),
+    )
+    if operator_dir:
+        environ["PROMETHEUS_MULTIPROC_DIR"] = str(given)
+    log = bytearray()
+    async with trio.open_nursery() as nursery:
+        process: trio.Process = await nursery.start(
+            functools.partial(
+                trio.run_process,
+                [sys.executable, "-m", "gateway", "serve", "--workers", "2"],
+                env=environ,
+                cwd=tmp_path,
+                stderr=subprocess.PIPE,
+                check=False,
+                start_new_session=True,  # its own process group: killpg reaches the workers too
+            )
+        )
+        try:
+            assert process.stderr is not None
+            reader = LineReader(process.stderr)
+            urls: list[str] = []
+            with trio.fail_after(STARTUP_SECONDS * 2):
+                while len(urls) < 2:
+                    line = await reader.readline()
+                    if "serving the Responses gateway on " in line:
+                        urls.append(line.split("serving the Responses gateway on ", 1)[1].split(" ", 1)[0])
+            log += reader.buffer
+
+            async def keep_reading(stderr: trio.abc.ReceiveStream) -> None:  # a full pipe would stall the workers
+                async for data in stderr:
+                    log.extend(data)
+
+            nursery.start_soon(keep_reading, process.stderr)
+            url = urls[0]
+            [directory] = [given] if operator_dir else list(temp.iterdir())
+
+            # Each request on its own connection, so that the kernel hands it to
+            # either worker; more are sent until both have answered some.
+            sent = 0
+            with trio.fail_after(60):
+                while sent < 20 or len([n for n in responses_by_worker(directory).values() if n]) < 2:
+                    assert sent < 200, responses_by_worker(directory)
+                    async with httpx2.AsyncClient(timeout=10) as http:
+                        r = await http.post(url + "/v1/responses", json={"model": "text", "input": "hi", "store": False})
+                    assert r.json()["status"] == "completed"
+                    sent += 1
+                # A JSON response is counted before its answer is sent: every scrape,
+                # whichever worker serves it, shows all of them.
+                for _ in range(6):
+                    async with httpx2.AsyncClient(timeout=10) as http:
+                        page = await http.get(url + "/metrics")
+                    m = samples_of(page.text)
+                    labels = dict(model="text", status="completed", key="anonymous", transport="json")
+                    assert value(m, "gateway_responses_total", **labels) == sent
+                    tokens_in = value(m, "gateway_tokens_total", model="text", key="anonymous", direction="in")
+                    assert tokens_in == sent * USAGE["prompt_tokens"]
+                    assert value(m, "gateway_response_duration_seconds_count", model="text", transport="json") == sent
+                    assert value(m, "gateway_active_streams") == 0
+
+            process.send_signal(signal.SIGTERM)
+            with trio.fail_after(30):
+                assert await process.wait() == 0
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # never leave workers behind a failed test
+    assert b"Traceback" not in log, log.decode(errors="replace")
+    assert list(temp.iterdir()) == []
+    if operator_dir:
+        # The operator's directory stays, with the totals; the exited workers' live gauges are gone.
+        left = sorted(path.name.split("_")[0] for path in given.iterdir())
+        assert left and set(left) <= {"counter", "histogram"}, left
