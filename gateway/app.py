@@ -56,7 +56,7 @@ from .streams.sse import encode_done, encode_event, event_json
 from .streams.translator import random_id
 from .transport.background import BackgroundRunner
 from .transport.sse import ChatCompletionStream, DeferredHeadBody, TurnEventStream
-from .turn import Resources, Turn, TurnOutcome, prepare_turn, run_rounds
+from .turn import Resources, Turn, TurnOutcome, note_chat_chunks, prepare_turn, report_outcome, run_rounds
 from .turn.tools import RequestTools, ToolSource, gateway_tools_enabled
 from .wire import decode_json_object, parse_create_request, validate_create_request
 
@@ -426,8 +426,13 @@ def create_app(
                 latest.pop(previous, None)  # a failed continuation forgets the id
             await _ws_send([web.ws_error(error.status, error.code or "invalid_request", error.message, param=error.param)])
             return True
-        await turn.run(_ws_send)
-        turn.observe()
+        try:
+            await turn.run(_ws_send)
+        except trio.Cancelled:  # the client went away mid-turn
+            turn.outcome.client_left = True
+            raise
+        finally:
+            turn.observe()
         final = turn.response
         if final.get("status") == "failed" and previous:
             latest.pop(previous, None)
@@ -546,14 +551,18 @@ def create_app(
             raise InvalidRequest.missing("messages")
         enabled = gateway_tools_enabled(body.pop("gateway_tools", True), request.headers.get("x-gateway-tools", ""))
         caller = _caller()
-        slot = await app.limiter.admit_stream(caller, str(body.get("model") or ""), ids("chatcmpl"))
+        model = str(body.get("model") or "")
+        chat_id = ids("chatcmpl")
+        slot = await app.limiter.admit_stream(caller, model, chat_id)
         tools = RequestTools()
         if enabled and app.mcp is not None and body.get("tool_choice") != "none":
             own = {t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)}
             for tool in app.mcp.tools():
                 if tool.name not in own and caller.limits.allows_server(tool.server):
                     tools.add(app.mcp, tool)
-        if not tools.routes:
+        if not tools.routes and caller.limits.tpm is None:
+            # Relayed as the backend sends it.  (A key with a token limit goes
+            # through the session below, which reads the usage to count.)
             passthrough = web.PassthroughBody(
                 app.backend,
                 "POST",
@@ -567,16 +576,33 @@ def create_app(
             response = Response(passthrough)
             response.timeout = None
             return response
-        body["tools"] = [*(body.get("tools") or []), *tools.chat_tools]
+        if tools.chat_tools:
+            body["tools"] = [*(body.get("tools") or []), *tools.chat_tools]
         session = ChatSession(body, set(tools.routes), max_rounds=settings.max_tool_call_iterations)
         call_timeout, concurrency = settings.mcp_call_timeout, settings.mcp_call_concurrency
+        streamed = bool(body.get("stream"))
+        outcome = TurnOutcome(
+            chat_id, model, "chat-sse" if streamed else "chat-json", trio.current_time(), key=caller.name, request_id=_request_id()
+        )
+        app.telemetry.turn_started(outcome)
 
         async def settle() -> None:
-            await app.limiter.release(slot)
+            """Give back the stream slot, count the tokens, report the outcome."""
             usage = session.usage or {}
+            outcome.status = "failed" if session.failure else "completed" if session.done else "incomplete"
+            outcome.error = {"code": session.failure} if session.failure else None
+            outcome.usage = {
+                "input_tokens": usage.get("prompt_tokens"),
+                "output_tokens": usage.get("completion_tokens"),
+                "total_tokens": usage.get("total_tokens"),
+            }
+            outcome.rounds = session.rounds + 1
+            outcome.finished_at = trio.current_time()
+            report_outcome(app.resources, outcome)
+            await app.limiter.release(slot)
             await app.limiter.record_tokens(caller, int(usage.get("total_tokens") or 0))
 
-        if body.get("stream"):
+        if streamed:
             stream = ChatCompletionStream(
                 session,
                 backend=app.backend,
@@ -587,6 +613,7 @@ def create_app(
                 telemetry=app.telemetry,
                 on_close=settle,
                 drain=app.drain,
+                outcome=outcome,
             )
             response = Response(stream, content_type="text/event-stream")
             response.timeout = None
@@ -594,6 +621,7 @@ def create_app(
         chunks: list[dict[str, Any]] = []
 
         async def collect(batch: list[dict[str, Any]]) -> None:
+            note_chat_chunks(outcome, batch)
             chunks.extend(batch)
 
         try:
@@ -601,6 +629,9 @@ def create_app(
                 failure = await run_rounds(
                     session, app.backend, collect, tools, call_timeout=call_timeout, concurrency=concurrency, telemetry=app.telemetry
                 )
+        except trio.Cancelled:
+            outcome.client_left = True
+            raise
         finally:
             with trio.CancelScope(shield=True):
                 await settle()

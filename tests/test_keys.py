@@ -645,3 +645,17 @@ async def test_the_sqlite_key_store_waits_for_a_lock_another_process_holds(tmp_p
 
 async def _append(results: list[int], call: Any) -> None:
     results.append(await call)
+
+
+async def test_chat_completions_without_gateway_tools_count_tokens_for_a_key_with_a_token_limit(start_gateway, client, backend):
+    keys = MemoryKeys(clock=lambda: 1_700_000_000.0)
+    await keys.put(key("carol", CAROL, tpm=10))
+    url = await start_gateway(keys=keys)
+    body = {"model": "text", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    first = await client.post(url + "/v1/chat/completions", json=body, headers=auth(CAROL))
+    assert first.status_code == 200 and first.content.endswith(b"data: [DONE]\n\n")
+    assert b'"total_tokens":18' in first.content.replace(b" ", b"")
+    sent = len(backend.requests)
+    again = await client.post(url + "/v1/chat/completions", json=body, headers=auth(CAROL))
+    assert again.status_code == 429 and again.json()["error"]["type"] == "tokens"
+    assert len(backend.requests) == sent

@@ -146,6 +146,37 @@ async def test_a_client_leaving_mid_stream_ends_its_active_stream_as_client_left
     assert value(m, "gateway_responses_total", model="hang", status="client_left", key="anonymous", transport="sse") == 1
 
 
+async def test_a_websocket_client_leaving_mid_turn_ends_its_active_stream_as_client_left(gateway_url, client, backend):
+    async with aconnect_ws(ws_url(gateway_url)) as ws:
+        await ws.send_text('{"type": "response.create", "model": "hang", "input": "hi"}')
+        with trio.fail_after(10):
+            await backend.stream_started.wait()
+        assert value(await scrape(client, gateway_url), "gateway_active_streams") == 1
+    with trio.fail_after(10):
+        await backend.client_left.wait()
+    m = await scrape(client, gateway_url)
+    assert value(m, "gateway_active_streams") == 0
+    assert value(m, "gateway_responses_total", model="hang", status="client_left", key="anonymous", transport="websocket") == 1
+
+
+async def test_chat_completions_through_the_tool_loop_are_counted_as_responses(start_gateway, client, backend, tmp_path):
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"example": {"command": sys.executable, "args": [str(EXAMPLE_MCP)]}}}))
+    url = await start_gateway(mcp_servers_config_path=str(config))
+    messages = [{"role": "user", "content": "2+3?"}]
+    plain = await client.post(url + "/v1/chat/completions", json={"model": "mcp-add", "messages": messages})
+    assert plain.status_code == 200
+    streamed = await client.post(url + "/v1/chat/completions", json={"model": "mcp-add", "messages": messages, "stream": True})
+    assert streamed.content.endswith(b"data: [DONE]\n\n")
+    m = await scrape(client, url)
+    for transport in ("chat-json", "chat-sse"):
+        assert value(m, "gateway_responses_total", model="mcp-add", status="completed", key="anonymous", transport=transport) == 1
+        assert value(m, "gateway_time_to_first_event_seconds_count", model="mcp-add", transport=transport) == 1
+    # Two rounds each (the tool call, then the answer): the usage of both is counted.
+    assert value(m, "gateway_tokens_total", model="mcp-add", key="anonymous", direction="in") == 4 * USAGE["prompt_tokens"]
+    assert value(m, "gateway_active_streams") == 0
+
+
 async def test_every_heartbeat_sent_is_counted(start_gateway, client, backend):
     url = await start_gateway(heartbeat_interval=0.2)
     async with client.stream("POST", url + "/v1/responses", json={"model": "slow-first-token", "input": "hi", "stream": True}) as streamed:

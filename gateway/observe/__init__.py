@@ -33,7 +33,7 @@ class Telemetry:
     # --- the HTTP edge ---------------------------------------------------------------
 
     def http_request(self, *, route: str, method: str, status: int, seconds: float, key: str | None) -> None:
-        """One HTTP request answered (or one WebSocket closed), with its route template."""
+        """One HTTP request answered, with its route template (WebSockets: `websocket_opened`/`_closed`)."""
 
     def websocket_opened(self) -> None: ...
 

@@ -118,6 +118,7 @@ class ChatSession:
         self._results: dict[str, str] = {}
         self._streaming = True
         self._done = False
+        self.failure: str | None = None  # the error code it ended with, if it failed
 
     @property
     def done(self) -> bool:
@@ -165,6 +166,7 @@ class ChatSession:
         if self._done:
             return []
         self._done = True
+        self.failure = code
         self.calls = []
         return [{"error": {"message": message, "type": type, "param": param, "code": code}}]
 

@@ -30,7 +30,7 @@ from ..errors import error_json
 from ..observe import Telemetry
 from ..streams.chat_session import ChatSession
 from ..streams.sse import encode_comment, encode_done, encode_event
-from ..turn import Turn, run_rounds
+from ..turn import Turn, TurnOutcome, note_chat_chunks, run_rounds
 from ..turn.tools import RequestTools
 
 __all__ = ["SSE_HEADERS", "ChatCompletionStream", "DeferredHeadBody", "EventChannelBody", "TurnEventStream"]
@@ -228,9 +228,12 @@ class ChatCompletionStream(EventChannelBody):
         telemetry: Telemetry,
         on_close: Callable[[], Awaitable[None]] | None = None,
         drain: Drain | None = None,
+        outcome: TurnOutcome | None = None,
     ) -> None:
-        """`on_close` runs once the body is done (to give back a stream slot, count tokens)."""
+        """`on_close` runs once the body is done (to give back a stream slot, count tokens);
+        `outcome` is timed as chunks go out."""
         super().__init__(heartbeat_interval, telemetry)
+        self._outcome = outcome
         self._on_close = on_close
         self._drain = drain or Drain()
         self._session = session
@@ -252,8 +255,12 @@ class ChatCompletionStream(EventChannelBody):
                 await self._on_close()
 
     async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
+        outcome = self._outcome
+
         async def emit(chunks: list[dict[str, Any]]) -> None:
             if chunks:
+                if outcome is not None:
+                    note_chat_chunks(outcome, chunks)
                 await send_soon(out, b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks]))
 
         with self._drain.stoppable() as stop:

@@ -6,6 +6,6 @@
                 MCP servers), and how their calls run
 """
 
-from .engine import Emit, Resources, Session, Turn, TurnOutcome, prepare_turn, run_rounds
+from .engine import Emit, Resources, Session, Turn, TurnOutcome, note_chat_chunks, prepare_turn, report_outcome, run_rounds
 
-__all__ = ["Emit", "Resources", "Session", "Turn", "TurnOutcome", "prepare_turn", "run_rounds"]
+__all__ = ["Emit", "Resources", "Session", "Turn", "TurnOutcome", "note_chat_chunks", "prepare_turn", "report_outcome", "run_rounds"]

@@ -218,6 +218,31 @@ _BATCH_WINDOW = 0.0005
 _EAGER_BATCHES = 2
 
 
+def note_chat_chunks(outcome: TurnOutcome, chunks: list[dict[str, Any]]) -> None:
+    """Time the first chunk and the first generated text of a chat completion (until both are seen)."""
+    if not chunks or outcome.first_token_at is not None:
+        return
+    now = trio.current_time()
+    if outcome.first_event_at is None:
+        outcome.first_event_at = now
+    for chunk in chunks:
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
+                outcome.first_token_at = now
+                return
+
+
+def report_outcome(resources: Resources, outcome: TurnOutcome) -> None:
+    """A response (or chat completion) ended: tell telemetry and the observers (the log line)."""
+    resources.telemetry.turn_finished(outcome)
+    for observer in resources.observers:
+        try:
+            observer(outcome)
+        except Exception:
+            log.debug("an outcome observer failed", exc_info=True)
+
+
 # --- preparing a turn ----------------------------------------------------------------------
 
 
@@ -490,12 +515,7 @@ class Turn:
 
     def observe(self) -> None:
         """Hand the outcome to telemetry and the observers (once the transport has filled in its part)."""
-        self.resources.telemetry.turn_finished(self.outcome)
-        for observer in self.resources.observers:
-            try:
-                observer(self.outcome)
-            except Exception:
-                log.debug("an outcome observer failed", exc_info=True)
+        report_outcome(self.resources, self.outcome)
 
     # --- tools ---------------------------------------------------------------------
 
