@@ -285,6 +285,8 @@ def create_app(
                 await owned_store.aclose()
             if owned_keys is not None:
                 await owned_keys.aclose()
+        with trio.CancelScope(shield=True):
+            await app.telemetry.aclose()  # the last spans, the request's own among them
 
     # --- errors ----------------------------------------------------------------
 

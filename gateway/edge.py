@@ -104,17 +104,17 @@ class Edge:
 
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope.get("headers", ())}
         route = route_of(scope.get("method", ""), scope.get("path", ""))
-        try:
-            with self._telemetry.server_span(f"{scope.get('method', '')} {route}", headers, route=route, request_id=request_id):
+        with self._telemetry.server_span(f"{scope.get('method', '')} {route}", headers, route=route, request_id=request_id):
+            try:
                 await self._guarded_http(scope, receive, send_with_id)
-        finally:
-            self._telemetry.http_request(
-                route=route,
-                method=scope.get("method", ""),
-                status=status,
-                seconds=trio.current_time() - began,
-                key=(scope.get("gateway") or {}).get("key_name"),
-            )
+            finally:  # inside the span: the trace records the status too
+                self._telemetry.http_request(
+                    route=route,
+                    method=scope.get("method", ""),
+                    status=status,
+                    seconds=trio.current_time() - began,
+                    key=(scope.get("gateway") or {}).get("key_name"),
+                )
 
     async def _guarded_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         allowed_origin = self._cors.origin(scope)

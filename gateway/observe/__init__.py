@@ -79,6 +79,9 @@ class Telemetry:
         """The metrics page (body, content type), or None when there are no metrics."""
         return None
 
+    async def aclose(self) -> None:
+        """At shutdown: send what is buffered (spans) and stop."""
+
 
 class Telemetries(Telemetry):
     """Several telemetries as one; a hook that fails is logged and skipped."""
@@ -146,6 +149,10 @@ class Telemetries(Telemetry):
             if page is not None:
                 return page
         return None
+
+    async def aclose(self) -> None:
+        for part in self.parts:
+            await part.aclose()
 
 
 def route_of(method: str, path: str) -> str:

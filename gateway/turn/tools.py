@@ -134,12 +134,12 @@ async def run_calls(
                     log.warning("tool %s failed unexpectedly (%s)", call.name, type(exc).__name__)
                     outcome = ToolOutcome(error="the tool failed")
                     kind = "error"
-            observe.mcp_call(
-                server=tools.routes.get(call.name, call.server or ""),
-                tool=call.name,
-                outcome=kind,
-                seconds=trio.current_time() - started,
-            )
+                observe.mcp_call(
+                    server=tools.routes.get(call.name, call.server or ""),
+                    tool=call.name,
+                    outcome=kind,
+                    seconds=trio.current_time() - started,
+                )
             await send.send((call, outcome))
 
     async with trio.open_nursery() as nursery:
