@@ -458,7 +458,9 @@ async def test_keys_are_created_listed_and_revoked_with_the_cli_and_stored_hashe
         assert code == 0 and secret.startswith("sk-gw-") and "only time" in err
         code, _, err = await keys_cli(env, "create", "ci", cwd=tmp_path)
         assert code == 2 and "exists" in err
-    assert secret.encode() not in (tmp_path / "gw.sqlite3").read_bytes()  # only its digest is kept
+    files = [path for path in tmp_path.iterdir() if path.name.startswith("gw.")]
+    assert tmp_path / "gw.keys.sqlite3" in files
+    assert all(secret.encode() not in path.read_bytes() for path in files)  # only its digest is kept
 
     url = await start_gateway(store_backend="sqlite", sqlite_path=str(tmp_path / "gw.sqlite3"))
     assert_invalid_key(await client.post(url + "/v1/responses", json={"model": "text", "input": "hi"}))

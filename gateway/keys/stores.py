@@ -35,11 +35,22 @@ def open_key_store(settings: Settings) -> KeyStore:
         return MemoryKeys()
     if settings.store_backend == "redis":
         return RedisKeys(settings.redis_url)
+    path = keys_path(settings.sqlite_path)
     try:
-        return SQLiteKeys(settings.sqlite_path)
+        return SQLiteKeys(path)
     except (OSError, sqlite3.Error) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(f"SQLITE_PATH: cannot open the key store at {settings.sqlite_path!r}: {reason}") from None
+        raise ConfigError(f"SQLITE_PATH: cannot open the key store at {path!r}: {reason}") from None
+
+
+def keys_path(sqlite_path: str) -> str:
+    """The key store's file beside the conversation store's (`responses.sqlite3` ->
+    `responses.keys.sqlite3`): a file of its own, so that saving a response never holds
+    the lock a request's key check and counters need."""
+    if sqlite_path == ":memory:":
+        return sqlite_path
+    stem, dot, suffix = sqlite_path.rpartition(".")
+    return f"{stem}.keys.{suffix}" if dot and "/" not in suffix else sqlite_path + ".keys"
 
 
 class MemoryKeys:
