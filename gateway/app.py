@@ -107,6 +107,7 @@ class GatewayApp(QuartTrio):
                 authenticate=self.authenticate,
                 cors_origins=self.settings.cors_allow_origins,
                 draining=self.drain.draining.is_set,
+                metrics_token=bool(self.settings.metrics_token),
             )
         await edge(scope, receive, send)
 

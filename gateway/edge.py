@@ -70,15 +70,18 @@ class Edge:
         authenticate: Callable[[Scope], Awaitable[None]] | None = None,
         cors_origins: str = "",
         draining: Callable[[], bool] = lambda: False,
+        metrics_token: bool = False,
     ) -> None:
         """`authenticate` identifies the caller into `scope["gateway"]` or raises a
-        `GatewayError` (401, 429, 503); `draining` says the gateway is shutting down."""
+        `GatewayError` (401, 429, 503); `draining` says the gateway is shutting down;
+        `metrics_token`: /metrics checks its own token (else it needs an API key like the rest)."""
         self._app = app
         self._max_websockets = max_websockets
         self._telemetry = telemetry or Telemetry()
         self._authenticate = authenticate
         self._cors = _Cors(cors_origins)
         self._draining = draining
+        self._open_paths = _OPEN_PATHS | {"/metrics"} if metrics_token else _OPEN_PATHS
         self.websockets = 0  # open now, in this process
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -132,7 +135,7 @@ class Edge:
             await _respond(send, refusal, close=True)
             return
         path = scope.get("path", "")
-        if path not in _OPEN_PATHS:
+        if path not in self._open_paths:
             refusal = await self._admit(scope)
             if refusal is not None:
                 await _drain(receive)
@@ -223,8 +226,8 @@ class Edge:
             self._telemetry.websocket_closed()
 
 
-# Liveness, readiness and metrics (which has its own token) need no API key.
-_OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+# Liveness and readiness need no API key (nor does /metrics when it has its own token).
+_OPEN_PATHS = frozenset({"/health", "/ready"})
 
 
 class _Cors:

@@ -86,8 +86,14 @@ async def test_every_route_but_liveness_readiness_and_metrics_needs_a_key(keyed,
     for method, path, body in calls:
         assert_invalid_key(await client.request(method, url + path, json=body))
     assert backend.requests == []  # nothing reached the backend
-    for path in ("/health", "/ready", "/metrics"):
+    for path in ("/health", "/ready"):
         assert (await client.get(url + path)).status_code == 200
+    # Metrics name keys and models: without a token of their own they need an API key too.
+    assert_invalid_key(await client.get(url + "/metrics"))
+    assert (await client.get(url + "/metrics", headers=auth(ALICE))).status_code == 200
+    tokened = await keyed[3](metrics_token="scrape-token-123")
+    assert (await client.get(tokened + "/metrics", headers=auth("scrape-token-123"))).status_code == 200
+    assert (await client.get(tokened + "/metrics", headers=auth(ALICE))).status_code == 401
     r = await client.post(url + "/v1/responses", json={"model": "text", "input": "hi"}, headers=auth(ALICE))
     assert r.status_code == 200 and r.json()["status"] == "completed"
 

@@ -87,7 +87,7 @@ async def test_a_streamed_and_a_json_response_are_counted_with_their_labels_toke
     usages = [parse_sse(streamed.content)[-2]["response"]["usage"], plain.json()["usage"]]  # type: ignore[index]
 
     await trio.testing.wait_all_tasks_blocked()
-    page = await client.get(url + "/metrics")
+    page = await client.get(url + "/metrics", headers=auth)  # keys are configured: the page needs one too
     assert page.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     m = samples_of(page.text)
 
