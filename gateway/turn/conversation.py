@@ -20,7 +20,7 @@ from ..errors import InvalidRequest, NotFound
 from ..store import StoredResponse
 from ..wire import CreateResponseRequest, InputItem, ItemReference
 
-__all__ = ["Prepared", "Records", "input_item_records", "prepare", "record_for", "to_wire"]
+__all__ = ["Prepared", "Records", "check_outputs_answer_calls", "input_item_records", "prepare", "record_for", "to_wire"]
 
 _ITEMS = TypeAdapter(list[InputItem])
 _MAX_CHAIN = 10_000  # a loop in stored data must not hang a request
@@ -78,6 +78,33 @@ async def prepare(store: Records | None, req: CreateResponseRequest, ids: Callab
             # The request's own items are wire items already; only a string input needs building.
             wire += to_wire([record]) if item is None else [item]
     return Prepared(history=to_wire(history), input=wire, input_records=resolved)
+
+
+_CALLS = {"function_call", "custom_tool_call"}
+_OUTPUTS = {"function_call_output", "custom_tool_call_output"}
+
+
+def check_outputs_answer_calls(prepared: Prepared) -> None:
+    """In a continuation, every tool output must answer a call the conversation made.
+
+    Stateless clients replay whole histories, and an output whose call was
+    dropped is repaired for them (see plan); with `previous_response_id`
+    the gateway holds the chain, so such an output is a mistake, refused as
+    OpenAI refuses it.
+
+    Raises:
+        InvalidRequest: an output names a call id that no call in the chain
+            or the input has.
+    """
+    items = [item if isinstance(item, dict) else item.model_dump() for item in [*prepared.history, *prepared.input]]
+    made = {str(data.get("call_id")) for data in items if data.get("type") in _CALLS}
+    for index, item in enumerate(prepared.input):
+        data = item if isinstance(item, dict) else item.model_dump()
+        if data.get("type") in _OUTPUTS and str(data.get("call_id")) not in made:
+            raise InvalidRequest(
+                f"No tool call found for function call output with call_id {data.get('call_id')}.",
+                param=f"input[{index}]",
+            )
 
 
 async def _chain(store: Records | None, response_id: str) -> list[dict[str, Any]]:

@@ -266,7 +266,8 @@ async def prepare_turn(
     last, and a stream slot taken, which the turn gives back when it ends.
 
     Raises:
-        InvalidRequest: the request cannot be served as it is (400).
+        InvalidRequest: the request cannot be served as it is (400), such as a
+            continuation with a tool output for a call its chain never made.
         NotFound: `previous_response_id` names no response the caller may see,
             or the key may not use the model.
         PermissionDenied: the key may not use an MCP server the request names.
@@ -284,6 +285,8 @@ async def prepare_turn(
         prepared.history = [*cached[1], *prepared.history]
     else:
         prepared = await conversation.prepare(visible, req, resources.ids)
+    if req.previous_response_id:
+        conversation.check_outputs_answer_calls(prepared)
     response_id = resources.ids("resp")
     plan = plan_chat_request(
         req,
