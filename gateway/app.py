@@ -200,7 +200,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # long streams must never be cut by the framework
     app.config["BODY_TIMEOUT"] = max(60.0, settings.stream_timeout)
-    owned: OpenAICompatibleBackend | None = None
+    owned: Any = None  # the backend (or router) this app made, and closes
     owned_store: ResponseStore | None = None
     owned_keys: KeyStore | None = None
     if backend is not None:
@@ -220,7 +220,13 @@ def create_app(
             secrets = [secret for server in servers.values() for secret in server.secrets()]
             redactor = redactor.with_secrets(secrets)
             add_log_secrets(secrets)
-        if backend is None:
+        if backend is None and settings.gateway_config:
+            from .backends.config import load_config
+            from .backends.routing import build_router
+
+            owned = build_router(load_config(settings.gateway_config), settings, redactor)
+            app.backend = owned
+        elif backend is None:
             owned = OpenAICompatibleBackend(settings, redactor=redactor)
             app.backend = owned
         if store is None:
@@ -644,6 +650,18 @@ def create_app(
         if errors:
             raise failure or BackendStreamError(errors[0]["message"], code=errors[0]["code"])
         return _json(orjson.dumps(collect_chat_completion(chunks)))
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def _models() -> Response:
+        """The models a key may use: with several backends, the configured names and each
+        backend's own list; with one, the backend's list."""
+        lister = getattr(app.backend, "list_models", None)
+        if lister is None:
+            return await _passthrough("models")
+        limits = _caller().limits
+        models = [m for m in await lister() if limits.allows_model(str(m["id"]))]
+        return _json(orjson.dumps({"object": "list", "data": models}))
 
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def _passthrough(path: str) -> Response:

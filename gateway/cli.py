@@ -22,6 +22,7 @@ _LAB_COMMANDS = {
     "bench": ("gateway.lab.bench", "start simulator and gateway, run the standard scenarios, print one table"),
     "mcp": ("gateway.mcp.cli", "MCP servers: `gateway mcp list` connects to each and prints its tools"),
     "keys": ("gateway.keys.cli", "API keys: `gateway keys create NAME | list | revoke NAME`"),
+    "config": ("gateway.backends.cli", "backends file: `gateway config check [FILE]` validates it, prints the routes"),
 }
 
 

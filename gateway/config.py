@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     upstream_max_connections: int = Field(
         10_000, ge=1, description="Upper bound on concurrent connections to the backend."
     )
+    gateway_config: str = Field(
+        "", description="A TOML file of named backends and model routes (empty: the one backend above)."
+    )
 
     # --- server ------------------------------------------------------------
     api_adapter_host: str = Field("0.0.0.0", description="Bind address.")

@@ -173,6 +173,7 @@ class BackendStatusError(BackendError):
     ) -> None:
         super().__init__(message, param=param)
         self.backend_status = backend_status
+        self.retry_after: float | None = None  # seconds the backend asked to wait (Retry-After)
         if 400 <= backend_status < 500:
             self.status = backend_status
             self.type = type or "invalid_request_error"

@@ -149,6 +149,9 @@ SCENARIOS: dict[str, list[Any]] = {
         chunk(finish="stop"),
         CLOSE,
     ],
+    "error-first": [  # a stream that fails before its first token
+        {"error": {"message": "the model is loading", "type": "server_error"}},
+    ],
     "eof-abrupt": [
         chunk({"content": "Cut off"}),
         CLOSE,
@@ -218,6 +221,7 @@ class ScriptedBackend:
     stream_started: trio.Event = field(default_factory=trio.Event)
     client_left: trio.Event = field(default_factory=trio.Event)
     client_left_at: float | None = None
+    fail_with: int | None = None  # when set, every chat request is answered with this status
     url: str = ""
     _arrived: trio.Event = field(default_factory=trio.Event)
 
@@ -276,6 +280,13 @@ class ScriptedBackend:
 
     async def _chat(self, body: Any, receive: Any, send: Send) -> None:
         model = body.get("model", "text") if isinstance(body, dict) else "text"
+        if self.fail_with is not None:
+            await _json(send, self.fail_with, {"error": {"message": "scripted failure", "type": "server_error"}})
+            return
+        if model == "http-429":
+            await send({"type": "http.response.start", "status": 429, "headers": [(b"content-type", b"application/json"), (b"retry-after", b"0")]})
+            await send({"type": "http.response.body", "body": b'{"error": {"message": "slow down", "type": "rate_limit_error"}}'})
+            return
         if model == "http-500":
             await _json(send, 500, {"error": {"message": "internal explosion", "type": "server_error"}})
             return

@@ -148,6 +148,15 @@ class ChatStream:
 _DRAIN_GRACE = 0.05
 
 
+def retry_after_of(value: str | None) -> float | None:
+    """Seconds a `Retry-After` header asks for (a number; a date is not worth parsing here)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 86400 else None
+
+
 def backend_error_from(exc: httpx2.TransportError) -> BackendError:
     """The `BackendError` for an httpx2 transport failure.
 
@@ -223,22 +232,40 @@ class OpenAICompatibleBackend:
     everything else the gateway does.  Passthrough requests use the client.
     """
 
-    def __init__(self, settings: Settings, *, redactor: Redactor | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        redactor: Redactor | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout: float | None = None,
+        read_timeout: float | None = None,
+    ) -> None:
+        """The backend the settings name, or (a named backend of the config file) the one
+        `base_url` names, with its own key, headers and timeouts."""
         self._redactor = redactor if redactor is not None else Redactor.from_settings(settings)
         self._pool = _ShardedPool(settings.upstream_max_connections)
         self._transport = self._pool.transports[0]
+        read = read_timeout if read_timeout is not None else settings.stream_timeout
         timeout = httpx2.Timeout(
-            connect=settings.connect_timeout,
-            read=settings.stream_timeout,
-            write=settings.stream_timeout,
+            connect=connect_timeout if connect_timeout is not None else settings.connect_timeout,
+            read=read,
+            write=read,
             pool=None,  # waiting for a free connection is bounded by the limit, not a timer
         )
         self._timeout = timeout.as_dict()
-        self._data_timeout = settings.stream_timeout
+        self._data_timeout = read
         self._client = httpx2.AsyncClient(transport=self._transport, timeout=timeout, follow_redirects=False)
-        self._v1 = settings.backend_v1
+        if base_url is None:
+            self._v1 = settings.backend_v1
+            api_key = settings.openai_api_key
+        else:
+            root = base_url.rstrip("/")
+            self._v1 = root if root.endswith("/v1") else root + "/v1"
         self._chat_url = httpx2.URL(self._v1 + "/chat/completions")
-        self._auth = {"authorization": f"Bearer {settings.openai_api_key}"} if settings.openai_api_key else {}
+        self._auth = {**(headers or {}), **({"authorization": f"Bearer {api_key}"} if api_key else {})}
         self._refuses_reasoning_content: set[Any] = set()  # models that said so by name
         self._chat_headers = {
             **self._auth,
@@ -279,7 +306,9 @@ class OpenAICompatibleBackend:
         async with self._send(lambda: self._chat_request(payload, headers)) as response:
             if response.status_code >= 400:
                 error_body = self._redactor.redact_bytes(await _read_bounded(response))
-                raise BackendStatusError.from_body(response.status_code, error_body)
+                error = BackendStatusError.from_body(response.status_code, error_body)
+                error.retry_after = retry_after_of(response.headers.get("retry-after"))
+                raise error
             yield ChatStream(response, data_timeout=self._data_timeout, redactor=self._redactor)
 
     def _chat_request(self, payload: bytes, headers: Mapping[str, str] | None) -> httpx2.Request:
