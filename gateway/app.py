@@ -58,7 +58,7 @@ from .transport.background import BackgroundRunner
 from .transport.sse import ChatCompletionStream, DeferredHeadBody, TurnEventStream
 from .turn import Resources, Turn, TurnOutcome, note_chat_chunks, prepare_turn, report_outcome, run_rounds
 from .turn.tools import RequestTools, ToolSource, gateway_tools_enabled
-from .wire import decode_json_object, parse_create_request, validate_create_request
+from .wire import CreateResponseRequest, decode_json_object, parse_create_request, validate_create_request
 
 __all__ = ["GatewayApp", "create_app"]
 
@@ -354,7 +354,37 @@ def create_app(
     @app.post("/v1/responses")
     @app.post("/responses")
     async def _create_response() -> Response:
-        req = parse_create_request(await web.body_bytes())
+        return await _respond(parse_create_request(await web.body_bytes()))
+
+    @app.post("/v1/responses/<response_id>/submit_tool_outputs")
+    @app.post("/responses/<response_id>/submit_tool_outputs")
+    async def _submit_tool_outputs(response_id: str) -> Response:
+        """The required_action protocol: the client's tool outputs continue the response as its next turn,
+        with the same model, instructions and tools."""
+        if settings.tool_call_protocol != "required_action":
+            raise NotFound("Unknown endpoint: set TOOL_CALL_PROTOCOL=required_action to use it.", code="unknown_url")
+        body = decode_json_object(await web.body_bytes())
+        outputs = body.get("tool_outputs")
+        if not isinstance(outputs, list) or not outputs:
+            raise InvalidRequest.missing("tool_outputs")
+        items = []
+        for index, entry in enumerate(outputs):
+            if not isinstance(entry, dict) or not isinstance(entry.get("tool_call_id"), str):
+                raise InvalidRequest.missing(f"tool_outputs[{index}].tool_call_id")
+            output = entry.get("output", "")
+            if not isinstance(output, str):
+                raise InvalidRequest("'output' must be a string.", param=f"tool_outputs[{index}].output", code="invalid_type")
+            items.append({"type": "function_call_output", "call_id": entry["tool_call_id"], "output": output})
+        previous = (await _stored(response_id)).response
+        carried = {key: previous[key] for key in _CARRIED_SETTINGS if previous.get(key) is not None}
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise InvalidRequest("'stream' must be a boolean.", param="stream", code="invalid_type")
+        return await _respond(
+            validate_create_request({**carried, "previous_response_id": response_id, "input": items, "stream": stream})
+        )
+
+    async def _respond(req: CreateResponseRequest) -> Response:
         transport = "background" if req.background else "sse" if req.stream else "json"
         turn = await prepare_turn(
             app.resources,
@@ -727,6 +757,12 @@ async def _warn_if_not_durable(store: ResponseStore) -> None:
 def _gateway_tools_enabled(req: Any) -> bool:
     return gateway_tools_enabled((req.model_extra or {}).get("gateway_tools"), request.headers.get("x-gateway-tools", ""))
 
+
+# What a submit_tool_outputs continuation takes over from the response it continues.
+_CARRIED_SETTINGS = (
+    "model", "instructions", "tools", "tool_choice", "text", "reasoning", "temperature", "top_p",
+    "max_output_tokens", "parallel_tool_calls", "store", "metadata",
+)
 
 _COMPACT_PROMPT = (
     "Summarise the conversation above so that it can be continued from your summary alone: the user's goals, "

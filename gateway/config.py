@@ -55,6 +55,11 @@ class Settings(BaseSettings):
     upstream_max_connections: int = Field(
         10_000, ge=1, description="Upper bound on concurrent connections to the backend."
     )
+    tool_call_protocol: Literal["standard", "required_action"] = Field(
+        "standard",
+        description="required_action: also emit response.required_action and accept POST "
+        "/v1/responses/{id}/submit_tool_outputs (the protocol of some gateways' clients).",
+    )
     gateway_config: str = Field(
         "", description="A TOML file of named backends and model routes (empty: the one backend above)."
     )

@@ -171,7 +171,7 @@ def route_of(method: str, path: str) -> str:
             return f"{prefix}/responses"
         if len(parts) == 2:
             return f"{prefix}/responses/compact" if parts[1] == "compact" else f"{prefix}/responses/{{id}}"
-        return f"{prefix}/responses/{{id}}/{parts[2]}" if parts[2] in ("cancel", "input_items") else "other"
+        return f"{prefix}/responses/{{id}}/{parts[2]}" if parts[2] in ("cancel", "input_items", "submit_tool_outputs") else "other"
     if head == "chat" and parts[1:] == ["completions"]:
         return f"{prefix}/chat/completions"
     if not prefix and head in ("health", "ready", "metrics"):

@@ -378,8 +378,14 @@ class ResponseTranslator:
         tool_kinds: Mapping[str, Any] | None = None,
         seal_reasoning: Callable[[str], str] | None = None,
         seal_approval: Callable[[dict[str, Any]], str] | None = None,
+        required_action: bool = False,
     ) -> None:
         """`response` is the `ResponseResource` skeleton (id, echoed settings).
+
+        `required_action`: the opt-in protocol of clients that wait for
+        `response.required_action` (TOOL_CALL_PROTOCOL=required_action): a
+        response that ends with the client's function calls says so in that
+        event, just before its terminal event, and in its `required_action`.
 
         `allowed_tools`: when given, calls to any other function are suppressed
         (tool_choice "none" passes an empty set, `allowed_tools` its subset).
@@ -397,6 +403,7 @@ class ResponseTranslator:
         self._seal_reasoning = seal_reasoning  # include: reasoning.encrypted_content
         # Seals an approval request, so that a client replaying it proves the gateway issued it.
         self._seal_approval = seal_approval
+        self._required_action = required_action
         self._round_calls: list[RoundCall] = []
         self._pending_mcp: dict[str, tuple[int, dict[str, Any]]] = {}  # item id -> (index, mcp_call awaiting its result)
         self._round_text: list[str] = []  # the round's message text, for the next round's assistant message
@@ -517,9 +524,28 @@ class ResponseTranslator:
         else:
             response["status"] = "completed"
             response["completed_at"] = int(self._clock())
+            if self._required_action:
+                events += self._required_action_events()
             events.append(self._event("response.completed", response=self._snapshot()))
         self.done = True
         return events
+
+    def _required_action_events(self) -> list[Event]:
+        calls = [item for item in self.response["output"] if item.get("type") == "function_call"]
+        if not calls:
+            return []
+        action = {
+            "type": "submit_tool_outputs",
+            "submit_tool_outputs": {
+                "tool_calls": [
+                    {"id": c["call_id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                    for c in calls
+                ]
+            },
+        }
+        self.response["required_action"] = action
+        summary = {key: self.response.get(key) for key in ("id", "object", "created_at", "status", "model")}
+        return [self._event("response.required_action", response=summary, required_action=action)]
 
     def fail(self, code: str, message: str, *, type: str = "server_error", param: str | None = None) -> list[Event]:
         """End with an `error` event and `response.failed`; open items become incomplete."""

@@ -310,6 +310,7 @@ async def prepare_turn(
         if "reasoning.encrypted_content" in (req.include or ())
         else None,
         seal_approval=lambda item: resources.sealer.seal("approval", _approval_terms(item, caller.owner)),
+        required_action=settings.tool_call_protocol == "required_action",
     )
     model = str(plan.body["model"])
     outcome = TurnOutcome(response_id, model, transport, trio.current_time(), key=caller.name, request_id=request_id)
