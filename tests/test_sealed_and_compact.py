@@ -56,3 +56,46 @@ async def test_a_tampered_compaction_item_is_refused(gateway_url, client):
         json={"model": "text", "input": [{"type": "compaction", "encrypted_content": "gws1.tampered"}, USER("hi")]},
     )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_encrypted_content"
+
+
+async def test_signed_reasoning_is_sealed_and_replayed_signed_but_never_sent_to_a_chat_backend(start_gateway, client, backend):
+    """A backend that signs its thinking (Anthropic) gets it back signed; the signature travels
+    only inside the gateway's seal, and a Chat Completions backend never sees the field."""
+    from gateway.streams.translator import ResponseTranslator
+    from gateway.sealing import Sealer
+    from gateway.turn.plan import TranslateOptions, plan_chat_request
+    from gateway.wire import parse_create_request
+    import orjson
+
+    sealer = Sealer("k" * 32)
+    translator = ResponseTranslator(
+        {"id": "resp_1", "object": "response", "output": [], "status": "in_progress", "model": "m"},
+        clock=lambda: 0.0,
+        seal_signed=lambda text, signature: sealer.seal("reasoning", {"text": text, "signature": signature}),
+    )
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"reasoning_content": "Let me think."}}]},
+        {"choices": [{"index": 0, "delta": {"reasoning_signature": "sig-part-1"}}]},
+        {"choices": [{"index": 0, "delta": {"reasoning_signature": "+2"}}]},
+        {"choices": [{"index": 0, "delta": {"content": "4"}, "finish_reason": "stop"}]},
+    ]
+    for chunk in chunks:
+        translator.feed(chunk)
+    translator.finish()
+    reasoning = translator.response["output"][0]
+    assert reasoning["type"] == "reasoning" and "sig-part-1" not in orjson.dumps(reasoning).decode()
+    assert sealer.open("reasoning", reasoning["encrypted_content"]) == {"kind": "reasoning", "text": "Let me think.", "signature": "sig-part-1+2"}
+
+    replay = parse_create_request(orjson.dumps({"model": "m", "input": [
+        {"type": "message", "role": "user", "content": "2+2?"}, reasoning, translator.response["output"][1],
+        {"type": "message", "role": "user", "content": "and 3+3?"},
+    ]}))
+    plan = plan_chat_request(replay, response_id="resp_2", created_at=0, options=TranslateOptions(open_sealed=sealer.open))
+    assistant = plan.body["messages"][1]
+    assert assistant["reasoning_content"] == "Let me think." and assistant["reasoning_signature"] == "sig-part-1+2"
+
+    # Through a Chat Completions backend: the field is stripped before sending.
+    url = await start_gateway(gateway_secret_key="k" * 32)
+    r = await client.post(url + "/v1/responses", json={"model": "text", "input": replay.model_dump(exclude_none=True)["input"]})
+    assert r.status_code == 200
+    assert all("reasoning_signature" not in m for m in backend.chat_requests[-1]["messages"])

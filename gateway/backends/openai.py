@@ -285,6 +285,7 @@ class OpenAICompatibleBackend:
         model = body.get("model")
         if model in self._refuses_reasoning_content:
             body = _without_reasoning_content(body)
+        body = _without_signatures(body)
         async with contextlib.AsyncExitStack() as stack:
             try:
                 stream = await stack.enter_async_context(self._open_chat(body, headers))
@@ -397,6 +398,19 @@ class _ShardedPool:
 
 
 _SHARD_SIZE = 256
+
+
+def _without_signatures(body: dict[str, Any]) -> dict[str, Any]:
+    """The body without `reasoning_signature` (an Anthropic backend's, in a history that moved
+    here): no Chat Completions server knows the field, and strict ones refuse unknown fields."""
+    messages = body.get("messages") or ()
+    if not any("reasoning_signature" in message for message in messages if isinstance(message, dict)):
+        return body
+    cleaned = [
+        {k: v for k, v in message.items() if k != "reasoning_signature"} if isinstance(message, dict) else message
+        for message in messages
+    ]
+    return {**body, "messages": cleaned}
 
 
 def _refuses_reasoning_content(error: BackendStatusError) -> bool:

@@ -262,12 +262,13 @@ class _Message:
 
 
 class _Reasoning:
-    __slots__ = ("index", "id", "chunks")
+    __slots__ = ("index", "id", "chunks", "signature")
 
     def __init__(self, index: int, item_id: str) -> None:
         self.index = index
         self.id = item_id
         self.chunks: list[str] = []
+        self.signature: str | None = None  # a backend's proof of its thinking (Anthropic), kept sealed
 
 
 class _Call:
@@ -379,6 +380,7 @@ class ResponseTranslator:
         seal_reasoning: Callable[[str], str] | None = None,
         seal_approval: Callable[[dict[str, Any]], str] | None = None,
         required_action: bool = False,
+        seal_signed: Callable[[str, str], str] | None = None,
     ) -> None:
         """`response` is the `ResponseResource` skeleton (id, echoed settings).
 
@@ -401,6 +403,9 @@ class ResponseTranslator:
         # chat function name -> the client's tool (kind "custom" or a namespaced "function")
         self._tool_kinds = dict(tool_kinds or {})
         self._seal_reasoning = seal_reasoning  # include: reasoning.encrypted_content
+        # Seals reasoning that came with a signature (text, signature), whether or not the
+        # client asked: a backend such as Anthropic takes its thinking back only signed.
+        self._seal_signed = seal_signed
         # Seals an approval request, so that a client replaying it proves the gateway issued it.
         self._seal_approval = seal_approval
         self._required_action = required_action
@@ -475,6 +480,9 @@ class ResponseTranslator:
                 reasoning = delta.get("reasoning")
             if isinstance(reasoning, str) and reasoning:
                 self._on_reasoning(reasoning, events)
+            signature = delta.get("reasoning_signature")
+            if isinstance(signature, str) and signature and self._reasoning is not None:
+                self._reasoning.signature = (self._reasoning.signature or "") + signature
             content = delta.get("content")
             if content and not isinstance(content, str):
                 content = _parts_text(content)
@@ -762,7 +770,9 @@ class ResponseTranslator:
             )
         )
         done: dict[str, Any] = {"id": item.id, "type": "reasoning", "summary": [], "content": [part]}
-        if self._seal_reasoning is not None:
+        if item.signature and self._seal_signed is not None:
+            done["encrypted_content"] = self._seal_signed(text, item.signature)
+        elif self._seal_reasoning is not None:
             done["encrypted_content"] = self._seal_reasoning(text)
         self._item_done(item.index, done, events)
 

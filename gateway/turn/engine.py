@@ -311,6 +311,7 @@ async def prepare_turn(
         else None,
         seal_approval=lambda item: resources.sealer.seal("approval", _approval_terms(item, caller.owner)),
         required_action=settings.tool_call_protocol == "required_action",
+        seal_signed=lambda text, signature: resources.sealer.seal("reasoning", {"text": text, "signature": signature}),
     )
     model = str(plan.body["model"])
     outcome = TurnOutcome(response_id, model, transport, trio.current_time(), key=caller.name, request_id=request_id)

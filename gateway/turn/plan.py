@@ -224,12 +224,16 @@ class _MessageBuilder:
         self.options = options
         self.messages: list[dict[str, Any]] = []
         self.pending_reasoning: list[str] = []
+        self.pending_signature: str | None = None
         self.call_owner: dict[str, dict[str, Any]] = {}  # call_id -> assistant message
 
     def _take_reasoning(self, message: dict[str, Any]) -> None:
         if self.pending_reasoning and self.options.forward_reasoning_content:
             message["reasoning_content"] = "\n".join(self.pending_reasoning)
+            if self.pending_signature:  # the thinking as the backend signed it (Anthropic)
+                message["reasoning_signature"] = self.pending_signature
         self.pending_reasoning = []
+        self.pending_signature = None
 
     def message(self, item: MessageItem, param: str) -> None:
         role = _ROLE_FOR_CHAT[item.role]
@@ -296,11 +300,16 @@ class _MessageBuilder:
     def reasoning(self, item: ReasoningItem) -> None:
         parts = item.content or item.summary
         text = "".join(p.text for p in parts if isinstance(p, OutputText))
-        if not text and item.encrypted_content and self.options.open_sealed is not None:
-            sealed = self.options.open_sealed("reasoning", item.encrypted_content)
-            text = str(sealed.get("text", "")) if sealed else ""  # not ours: nothing to read
+        sealed = None
+        if item.encrypted_content and self.options.open_sealed is not None:
+            sealed = self.options.open_sealed("reasoning", item.encrypted_content)  # None: not ours
+        if not text and sealed:
+            text = str(sealed.get("text", ""))
         if text:
             self.pending_reasoning.append(text)
+            signature = sealed.get("signature") if sealed else None
+            # A signature covers exactly one thinking text: only a lone, signed one is replayed signed.
+            self.pending_signature = signature if isinstance(signature, str) and len(self.pending_reasoning) == 1 else None
 
     def compaction(self, item: Any, param: str) -> None:
         """A compacted stretch of conversation, expanded to its summary."""
