@@ -58,7 +58,7 @@ from .transport.background import BackgroundRunner
 from .transport.sse import ChatCompletionStream, DeferredHeadBody, TurnEventStream
 from .turn import Resources, Turn, TurnOutcome, note_chat_chunks, prepare_turn, report_outcome, run_rounds
 from .turn.tools import RequestTools, ToolSource, gateway_tools_enabled
-from .wire import CreateResponseRequest, decode_json_object, parse_create_request, validate_create_request
+from .wire import CreateResponseRequest, decode_json_object, model_of, parse_create_request, validate_create_request
 
 __all__ = ["GatewayApp", "create_app"]
 
@@ -696,7 +696,7 @@ def create_app(
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def _passthrough(path: str) -> Response:
         raw = await web.body_bytes()
-        model = web.model_of(raw)
+        model = model_of(raw)
         if model is not None and not _caller().limits.allows_model(model):
             raise NotFound(
                 f"The model '{model}' does not exist or you do not have access to it.", param="model", code="model_not_found"

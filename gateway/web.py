@@ -33,7 +33,6 @@ __all__ = [
     "follow_job",
     "follow_store",
     "int_arg",
-    "model_of",
     "once",
     "page",
     "passthrough_path",
@@ -121,18 +120,6 @@ def passthrough_path(path: str) -> str:
     if not segments:
         raise InvalidRequest("The request path names nothing under /v1.", code="invalid_path")
     return "/".join(quote(segment, safe="") for segment in segments)
-
-
-def model_of(body: bytes) -> str | None:
-    """The `model` a JSON request body names, if any (for the key's allowed models)."""
-    if not body.lstrip().startswith(b"{") or b'"model"' not in body:
-        return None
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    model = data.get("model") if isinstance(data, dict) else None
-    return model if isinstance(model, str) else None
 
 
 def ws_error(status: int, code: str, message: str, *, param: str | None = None) -> dict[str, Any]:

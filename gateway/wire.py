@@ -27,6 +27,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "ReasoningItem",
     "decode_json_object",
+    "model_of",
     "nested_deeper_than",
     "parse_create_request",
     "validate_create_request",
@@ -389,3 +390,15 @@ def _param_name(loc: tuple[Any, ...]) -> str:
     for part in _param_parts(loc):
         out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
     return out or "body"
+
+
+def model_of(body: bytes) -> str | None:
+    """The `model` a JSON request body names, if any (a relayed request's key check and route)."""
+    if not body.lstrip().startswith(b"{") or b'"model"' not in body:
+        return None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) else None

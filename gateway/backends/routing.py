@@ -33,6 +33,7 @@ import orjson
 import trio
 
 from ..errors import BackendError, BackendStatusError, BackendStreamError, BackendUnavailable, GatewayError, NotFound
+from ..wire import model_of
 from .config import BackendConfig, FallbackConfig, GatewayConfig, RouteTarget
 
 __all__ = ["BackendState", "Router", "build_router"]
@@ -191,7 +192,7 @@ class Router:
         self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
     ) -> AsyncIterator[Any]:
         """Forward to the first available backend of the body's model (or the first backend)."""
-        model = _model_of(body)
+        model = model_of(body)
         targets = self.targets(model) if model is not None else [RouteTarget(next(iter(self.backends)))]
         last_error: GatewayError = _NoBackend("no backend can take this request")
         for target in targets[: self.fallback.max_attempts]:
@@ -280,17 +281,6 @@ async def _backend_models(state: BackendState) -> list[dict[str, Any]]:
     except (GatewayError, orjson.JSONDecodeError, AttributeError):
         return []
     return []
-
-
-def _model_of(body: bytes) -> str | None:
-    if not body or b'"model"' not in body:
-        return None
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    model = data.get("model") if isinstance(data, dict) else None
-    return model if isinstance(model, str) else None
 
 
 def _with_model(body: bytes, model: str) -> bytes:
