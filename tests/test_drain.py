@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
@@ -31,38 +30,49 @@ from test_multi_instance_and_crash import _SETTINGS_VARIABLES, STARTUP_SECONDS, 
 
 
 
-@dataclass
 class Served:
-    """A `gateway serve` process and the lines it has logged."""
+    """A `gateway serve` process, and what it logs, read as it comes (a full pipe would stall it)."""
 
-    url: str
-    process: trio.Process
-    reader: LineReader
-    lines: list[str] = field(default_factory=list)
+    def __init__(self, process: trio.Process) -> None:
+        self.url = ""
+        self.process = process
+        self.lines: list[str] = []
+        self.ended = trio.Event()
+        self._more = trio.Event()
 
-    async def until_logged(self, text: str) -> str:
-        """Read the log until a line contains `text` (EOFError if the process ends first)."""
-        for line in self.lines:
-            if text in line:
-                return line
-        while text not in (line := await self.reader.readline()):
-            self.lines.append(line)
-        self.lines.append(line)
-        return line
+    async def pump(self, stream: trio.abc.ReceiveStream) -> None:
+        reader = LineReader(stream)
+        try:
+            while True:
+                self.lines.append(await reader.readline())
+                self._more.set()
+                self._more = trio.Event()
+        except EOFError:
+            self.lines += bytes(reader.buffer).decode(errors="replace").splitlines()
+        finally:
+            self.ended.set()
+            self._more.set()
+
+    async def until_logged(self, text: str, count: int = 1) -> str:
+        """Wait until `count` lines contain `text`; the last of them (EOFError if the process ends first)."""
+        while True:
+            found = [line for line in self.lines if text in line]
+            if len(found) >= count:
+                return found[count - 1]
+            if self.ended.is_set():
+                raise EOFError("\n".join(self.lines))
+            await self._more.wait()
 
     async def read_rest(self) -> str:
-        """Everything logged, once the process has ended."""
-        with contextlib.suppress(EOFError):
-            while True:
-                self.lines.append(await self.reader.readline())
-        self.lines += bytes(self.reader.buffer).decode(errors="replace").splitlines()
-        self.reader.buffer.clear()
+        """Everything logged, once the process has closed its stderr."""
+        await self.ended.wait()
         return "\n".join(self.lines)
 
 
 @contextlib.asynccontextmanager
 async def served(tmp_path: Any, backend_url: str, *args: str, **env: str) -> AsyncIterator[Served]:
-    environ = {k: v for k, v in os.environ.items() if k.upper() not in _SETTINGS_VARIABLES}
+    """`gateway serve ARGS` with its own settings (`env` on top of a test set-up), once it serves."""
+    environ = {k: v for k, v in os.environ.items() if k.upper() not in _SETTINGS_VARIABLES | {"PROMETHEUS_MULTIPROC_DIR"}}
     environ.update(
         API_ADAPTER_HOST="127.0.0.1",
         API_ADAPTER_PORT="0",
@@ -82,12 +92,13 @@ async def served(tmp_path: Any, backend_url: str, *args: str, **env: str) -> Asy
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 check=False,
-                start_new_session=True,
+                start_new_session=True,  # its own process group: killpg reaches the workers too
             )
         )
         try:
             assert process.stderr is not None
-            gateway = Served("", process, LineReader(process.stderr))
+            gateway = Served(process)
+            nursery.start_soon(gateway.pump, process.stderr)
             with trio.fail_after(STARTUP_SECONDS):
                 line = await gateway.until_logged("serving the Responses gateway on ")
             gateway.url = line.split("serving the Responses gateway on ", 1)[1].split(" ", 1)[0]

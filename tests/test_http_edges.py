@@ -11,12 +11,10 @@ traceback after claiming to serve.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
 import signal
-import subprocess
 import sys
 from typing import Any
 
@@ -30,8 +28,8 @@ from quart import Response
 
 import gateway
 from conftest import SequentialIds, make_settings, parse_sse
-from test_drain import stored
-from test_multi_instance_and_crash import STARTUP_SECONDS, LineReader, run_gateway_process
+from test_drain import served, stored
+from test_multi_instance_and_crash import STARTUP_SECONDS, run_gateway_process
 from test_websocket import aconnect_ws, turn, ws_url
 
 STREAM_BODY = b'{"model":"text","input":"hi","stream":true}'
@@ -348,51 +346,24 @@ async def test_a_signal_drains_the_gateway_and_stops_unfinished_background_work_
 async def test_several_workers_share_the_socket_cut_slow_headers_and_stop_in_order(tmp_path, backend, to_every_process):
     # A service manager may signal the parent only (docker, kubernetes) or
     # every process of the service at once (systemd).
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("API_ADAPTER", "LOG_", "SQLITE", "STORE"))}
-    environ.update(API_ADAPTER_HOST="127.0.0.1", API_ADAPTER_PORT="0", REQUEST_HEADER_TIMEOUT="0.5", SHUTDOWN_GRACE="0.5")
-    environ.update(store_env(tmp_path, backend.url))
-    async with trio.open_nursery() as nursery:
-        process: trio.Process = await nursery.start(
-            functools.partial(
-                trio.run_process,
-                [sys.executable, "-m", "gateway", "serve", "--workers", "2"],
-                env=environ,
-                cwd=tmp_path,
-                stderr=subprocess.PIPE,
-                check=False,
-                start_new_session=True,  # its own process group: killpg reaches the workers too
-            )
-        )
-        try:
-            assert process.stderr is not None
-            reader = LineReader(process.stderr)
-            urls: list[str] = []
-            with trio.fail_after(STARTUP_SECONDS * 2):
-                while len(urls) < 2:
-                    line = await reader.readline()
-                    if "serving the Responses gateway on " in line:
-                        urls.append(line.split("serving the Responses gateway on ", 1)[1].split(" ", 1)[0])
-            assert urls[0] == urls[1]  # one shared socket
+    with trio.fail_after(STARTUP_SECONDS * 2 + 30):
+        async with served(tmp_path, backend.url, "--workers", "2", REQUEST_HEADER_TIMEOUT="0.5", SHUTDOWN_GRACE="0.5") as gateway:
+            second = await gateway.until_logged("serving the Responses gateway on ", count=2)
+            assert gateway.url in second  # one shared socket
             async with httpx2.AsyncClient(timeout=10) as http:
-                r = await http.post(urls[0] + "/v1/responses", json={"model": "text", "input": "hi"})
+                r = await http.post(gateway.url + "/v1/responses", json={"model": "text", "input": "hi"})
                 assert r.json()["status"] == "completed"
-            async with await connect(urls[0]) as stream:  # the header deadline applies in worker processes too
+            async with await connect(gateway.url) as stream:  # the header deadline applies in worker processes too
                 await stream.send_all(b"GET /health HTTP/1.1\r\n")
                 assert split_response(await read_until_closed(stream, within=5))[0] == 408
-            response_id = await start_background_response(urls[0], backend)
+            response_id = await start_background_response(gateway.url, backend)
             if to_every_process:
-                os.killpg(process.pid, signal.SIGTERM)
+                os.killpg(gateway.process.pid, signal.SIGTERM)
             else:
-                process.send_signal(signal.SIGTERM)
-            log = bytearray(reader.buffer)
-            with trio.fail_after(30):
-                assert await process.wait() == 0
-                while chunk := await process.stderr.receive_some():
-                    log += chunk
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # never leave workers behind a failed test
-    assert b"Traceback" not in log
+                gateway.process.send_signal(signal.SIGTERM)
+            assert await gateway.process.wait() == 0
+            log = await gateway.read_rest()
+    assert "Traceback" not in log
     assert await status_in_store(tmp_path, response_id) == "failed"
     assert await error_in_store(tmp_path, response_id) == "server_shutting_down"
 

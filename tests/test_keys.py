@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
 import sys
-import time
 from typing import Any
 
 import httpx2

@@ -9,13 +9,9 @@ backend errors; MCP calls; store latency; the page's token; and the sum over
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
-import os
 import pathlib
 import signal
-import subprocess
 import sys
 
 import httpx2
@@ -26,11 +22,11 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import make_settings, parse_sse
-from gateway import Settings
 from gateway.observe.metrics import OTHER, PrometheusTelemetry
 from gateway.turn.engine import TurnOutcome
 from scripted_backend import USAGE
-from test_multi_instance_and_crash import STARTUP_SECONDS, LineReader
+from test_drain import served
+from test_multi_instance_and_crash import STARTUP_SECONDS
 from test_websocket import aconnect_ws, turn, ws_url
 
 ALICE = "sk-alice-0123456789"
@@ -308,80 +304,41 @@ async def test_workers_show_one_sum_whichever_answers_and_leave_no_files_behind(
     temp.mkdir()
     given = tmp_path / "metrics"
     given.mkdir()
-    settings_variables = {name.upper() for name in Settings.model_fields}
-    environ = {k: v for k, v in os.environ.items() if k.upper() not in settings_variables | {"PROMETHEUS_MULTIPROC_DIR"}}
-    environ.update(
-        API_ADAPTER_HOST="127.0.0.1",
-        API_ADAPTER_PORT="0",
-        OPENAI_BASE_URL_INTERNAL=backend.url,
-        LOG_FILE_PATH="",
-        STORE_BACKEND="memory",
-        TMPDIR=str(temp),
-    )
+    env = {"STORE_BACKEND": "memory", "TMPDIR": str(temp)}
     if operator_dir:
-        environ["PROMETHEUS_MULTIPROC_DIR"] = str(given)
-    log = bytearray()
-    async with trio.open_nursery() as nursery:
-        process: trio.Process = await nursery.start(
-            functools.partial(
-                trio.run_process,
-                [sys.executable, "-m", "gateway", "serve", "--workers", "2"],
-                env=environ,
-                cwd=tmp_path,
-                stderr=subprocess.PIPE,
-                check=False,
-                start_new_session=True,  # its own process group: killpg reaches the workers too
-            )
-        )
-        try:
-            assert process.stderr is not None
-            reader = LineReader(process.stderr)
-            urls: list[str] = []
-            with trio.fail_after(STARTUP_SECONDS * 2):
-                while len(urls) < 2:
-                    line = await reader.readline()
-                    if "serving the Responses gateway on " in line:
-                        urls.append(line.split("serving the Responses gateway on ", 1)[1].split(" ", 1)[0])
-            log += reader.buffer
-
-            async def keep_reading(stderr: trio.abc.ReceiveStream) -> None:  # a full pipe would stall the workers
-                async for data in stderr:
-                    log.extend(data)
-
-            nursery.start_soon(keep_reading, process.stderr)
-            url = urls[0]
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(given)
+    with trio.fail_after(STARTUP_SECONDS * 2 + 90):
+        async with served(tmp_path, backend.url, "--workers", "2", **env) as gateway:
+            await gateway.until_logged("serving the Responses gateway on ", count=2)  # both workers
+            url = gateway.url
             [directory] = [given] if operator_dir else list(temp.iterdir())
 
             # Each request on its own connection, so that the kernel hands it to
             # either worker; more are sent until both have answered some.
             sent = 0
-            with trio.fail_after(60):
-                while sent < 20 or len([n for n in responses_by_worker(directory).values() if n]) < 2:
-                    assert sent < 200, responses_by_worker(directory)
-                    async with httpx2.AsyncClient(timeout=10) as http:
-                        r = await http.post(url + "/v1/responses", json={"model": "text", "input": "hi", "store": False})
-                    assert r.json()["status"] == "completed"
-                    sent += 1
-                # A JSON response is counted before its answer is sent: every scrape,
-                # whichever worker serves it, shows all of them.
-                for _ in range(6):
-                    async with httpx2.AsyncClient(timeout=10) as http:
-                        page = await http.get(url + "/metrics")
-                    m = samples_of(page.text)
-                    labels = dict(model="text", status="completed", key="anonymous", transport="json")
-                    assert value(m, "gateway_responses_total", **labels) == sent
-                    tokens_in = value(m, "gateway_tokens_total", model="text", key="anonymous", direction="in")
-                    assert tokens_in == sent * USAGE["prompt_tokens"]
-                    assert value(m, "gateway_response_duration_seconds_count", model="text", transport="json") == sent
-                    assert value(m, "gateway_active_streams") == 0
+            while sent < 20 or len([n for n in responses_by_worker(directory).values() if n]) < 2:
+                assert sent < 200, responses_by_worker(directory)
+                async with httpx2.AsyncClient(timeout=10) as http:
+                    r = await http.post(url + "/v1/responses", json={"model": "text", "input": "hi", "store": False})
+                assert r.json()["status"] == "completed"
+                sent += 1
+            # A JSON response is counted before its answer is sent: every scrape,
+            # whichever worker serves it, shows all of them.
+            for _ in range(6):
+                async with httpx2.AsyncClient(timeout=10) as http:
+                    page = await http.get(url + "/metrics")
+                m = samples_of(page.text)
+                labels = dict(model="text", status="completed", key="anonymous", transport="json")
+                assert value(m, "gateway_responses_total", **labels) == sent
+                tokens_in = value(m, "gateway_tokens_total", model="text", key="anonymous", direction="in")
+                assert tokens_in == sent * USAGE["prompt_tokens"]
+                assert value(m, "gateway_response_duration_seconds_count", model="text", transport="json") == sent
+                assert value(m, "gateway_active_streams") == 0
 
-            process.send_signal(signal.SIGTERM)
-            with trio.fail_after(30):
-                assert await process.wait() == 0
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # never leave workers behind a failed test
-    assert b"Traceback" not in log, log.decode(errors="replace")
+            gateway.process.send_signal(signal.SIGTERM)
+            assert await gateway.process.wait() == 0
+            log = await gateway.read_rest()
+    assert "Traceback" not in log, log
     assert list(temp.iterdir()) == []
     if operator_dir:
         # The operator's directory stays, with the totals; the exited workers' live gauges are gone.

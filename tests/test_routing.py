@@ -8,7 +8,6 @@ moves.
 from __future__ import annotations
 
 import functools
-import subprocess
 import sys
 from typing import Any
 
