@@ -638,8 +638,7 @@ def create_app(
             outcome.rounds = session.rounds + 1
             outcome.finished_at = trio.current_time()
             report_outcome(app.resources, outcome)
-            await app.limiter.release(slot)
-            await app.limiter.record_tokens(caller, int(usage.get("total_tokens") or 0))
+            await app.limiter.settle(slot, caller, int(usage.get("total_tokens") or 0))
 
         if streamed:
             stream = ChatCompletionStream(

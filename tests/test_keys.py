@@ -628,6 +628,11 @@ async def test_key_stores_count_in_windows_and_lease_slots(key_store):
     # Past the first lease, unrenewed slots are free again; the renewed one is still held.
     assert await store.acquire("pool", "d", 2, at + 160, at + 100)
     assert not await store.acquire("pool", "e", 2, at + 160, at + 100)
+    # A stream's end in one call: its slot back, its tokens counted.
+    await store.settle(("pool", "d"), [("tpm:k:9", 18, 120.0), ("tokens:k", 18, 0.0)])
+    await store.settle(None, [("tokens:k", 2, 0.0)])
+    assert await store.acquire("pool", "e", 2, at + 160, at + 100)
+    assert (await store.read("tpm:k:9"), await store.read("tokens:k")) == (18, 20)
 
 
 async def test_the_sqlite_key_store_waits_for_a_lock_another_process_holds(tmp_path):

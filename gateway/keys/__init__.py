@@ -26,7 +26,7 @@ import hashlib
 import math
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -188,6 +188,11 @@ class KeyStore(Protocol):
     async def renew(self, pool: str, slots: list[str], until: float) -> None: ...
 
     async def release(self, pool: str, slot: str) -> None: ...
+
+    async def settle(self, release: tuple[str, str] | None, counters: Sequence[tuple[str, int, float]]) -> None:
+        """At the end of a stream, in one go: give back a slot (pool, slot) and add to counters
+        (name, amount, ttl) -- one round trip where each would cost one."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -371,24 +376,29 @@ class Limiter:
         return StreamSlot(pool, slot)
 
     async def release(self, slot: StreamSlot | None) -> None:
-        if slot is None or slot.released or self.store is None:
-            return
-        slot.released = True
-        held = self._held.get(slot.pool)
-        if held is not None:
-            held.discard(slot.slot)
-            if not held:
-                del self._held[slot.pool]
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
-            await self.store.release(slot.pool, slot.slot)
+        """Give back a stream slot (a relayed stream that counts no tokens)."""
+        await self.settle(slot, ANONYMOUS, 0)
 
-    async def record_tokens(self, caller: Caller, tokens: int) -> None:
-        """Count tokens a response used: against the minute's limit and the key's total."""
-        if caller.key is None or self.store is None or tokens <= 0:
+    async def settle(self, slot: StreamSlot | None, caller: Caller, tokens: int) -> None:
+        """A stream ended: give back its slot and count the tokens it used (against the
+        minute's limit and the key's total), in one store call, whatever happens to it."""
+        release = None
+        if slot is not None and not slot.released:
+            slot.released = True
+            held = self._held.get(slot.pool)
+            if held is not None:
+                held.discard(slot.slot)
+                if not held:
+                    del self._held[slot.pool]
+            release = (slot.pool, slot.slot)
+        counters: list[tuple[str, int, float]] = []
+        if caller.key is not None and tokens > 0:
+            minute, _ = self._minute()
+            counters = [(f"tpm:{caller.key.id}:{minute}", tokens, 120.0), (f"tokens:{caller.key.id}", tokens, 0.0)]
+        if self.store is None or (release is None and not counters):
             return
-        minute, _ = self._minute()
-        await self.store.add(f"tpm:{caller.key.id}:{minute}", tokens, ttl=120)
-        await self.store.add(f"tokens:{caller.key.id}", tokens, ttl=0)
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            await self.store.settle(release, counters)
 
     async def tokens_used(self, key: ApiKey) -> int:
         return await self.store.read(f"tokens:{key.id}") if self.store is not None else 0

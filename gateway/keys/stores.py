@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import orjson
@@ -108,6 +108,12 @@ class MemoryKeys:
     async def release(self, pool: str, slot: str) -> None:
         self._slots.get(pool, {}).pop(slot, None)
 
+    async def settle(self, release: tuple[str, str] | None, counters: Sequence[tuple[str, int, float]]) -> None:
+        if release is not None:
+            await self.release(*release)
+        for counter, amount, ttl in counters:
+            await self.add(counter, amount, ttl)
+
     async def aclose(self) -> None:
         pass
 
@@ -200,18 +206,22 @@ class SQLiteKeys:
         return any(key.active for key in await self.all())
 
     def _add(self, conn: sqlite3.Connection, counter: str, amount: int, ttl: float) -> int:
-        now = self._clock()
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            row = conn.execute("SELECT value, expires FROM key_counters WHERE name = ?", (counter,)).fetchone()
-            value = 0 if row is None or (row[1] and row[1] < now) else int(row[0])
-            value += amount
-            conn.execute(
-                "INSERT OR REPLACE INTO key_counters (name, value, expires) VALUES (?, ?, ?)",
-                (counter, value, now + ttl if ttl else 0.0),
-            )
-            if ttl and value == amount:  # a new window: sweep the expired ones now and then
-                conn.execute("DELETE FROM key_counters WHERE expires > 0 AND expires < ?", (now,))
+            return self._count(conn, counter, amount, ttl)
+
+    def _count(self, conn: sqlite3.Connection, counter: str, amount: int, ttl: float) -> int:
+        """Add to a counter inside the caller's transaction; its new value."""
+        now = self._clock()
+        row = conn.execute("SELECT value, expires FROM key_counters WHERE name = ?", (counter,)).fetchone()
+        value = 0 if row is None or (row[1] and row[1] < now) else int(row[0])
+        value += amount
+        conn.execute(
+            "INSERT OR REPLACE INTO key_counters (name, value, expires) VALUES (?, ?, ?)",
+            (counter, value, now + ttl if ttl else 0.0),
+        )
+        if ttl and value == amount:  # a new window: sweep the expired ones now and then
+            conn.execute("DELETE FROM key_counters WHERE expires > 0 AND expires < ?", (now,))
         return value
 
     async def add(self, counter: str, amount: int, ttl: float) -> int:
@@ -253,6 +263,19 @@ class SQLiteKeys:
 
     async def release(self, pool: str, slot: str) -> None:
         await self._run(self._write, "DELETE FROM key_slots WHERE pool = ? AND slot = ?", pool, slot)
+
+    def _settle(
+        self, conn: sqlite3.Connection, release: tuple[str, str] | None, counters: Sequence[tuple[str, int, float]]
+    ) -> None:
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            if release is not None:
+                conn.execute("DELETE FROM key_slots WHERE pool = ? AND slot = ?", release)
+            for counter, amount, ttl in counters:
+                self._count(conn, counter, amount, ttl)
+
+    async def settle(self, release: tuple[str, str] | None, counters: Sequence[tuple[str, int, float]]) -> None:
+        await self._run(self._settle, release, counters)
 
     async def aclose(self) -> None:
         if self._fast is not None:
@@ -350,6 +373,19 @@ class RedisKeys:
 
     async def release(self, pool: str, slot: str) -> None:
         await self._run(self._redis.zrem, self._k("slots", pool), slot)
+
+    def _settle(self, release: tuple[str, str] | None, counters: Sequence[tuple[str, int, float]]) -> None:
+        pipe = self._redis.pipeline(transaction=True)
+        if release is not None:
+            pipe.zrem(self._k("slots", release[0]), release[1])
+        for counter, amount, ttl in counters:
+            pipe.incrby(self._k("counter", counter), amount)
+            if ttl:
+                pipe.expire(self._k("counter", counter), int(ttl), nx=True)
+        pipe.execute()
+
+    async def settle(self, release: tuple[str, str] | None, counters: Sequence[tuple[str, int, float]]) -> None:
+        await self._run(self._settle, release, counters)
 
     async def aclose(self) -> None:
         await self._run(self._redis.close)

@@ -416,14 +416,11 @@ class Turn:
 
     async def _settle(self) -> None:
         """Give back the stream slot and count the tokens used, whatever happened."""
-        limiter = self.resources.limiter
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
-            await limiter.release(self._slot)
-            usage = self.response.get("usage") or {}
-            try:
-                await limiter.record_tokens(self.caller, int(usage.get("total_tokens") or 0))
-            except GatewayError:
-                log.warning("could not count the tokens of response %s", self.outcome.response_id)
+        usage = self.response.get("usage") or {}
+        try:
+            await self.resources.limiter.settle(self._slot, self.caller, int(usage.get("total_tokens") or 0))
+        except GatewayError:
+            log.warning("could not count the tokens of response %s", self.outcome.response_id)
 
     async def _run(
         self,
