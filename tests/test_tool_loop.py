@@ -178,3 +178,13 @@ async def test_a_conversation_continues_after_a_tool_round(tools_gateway, client
     await client.post(url + "/v1/responses", json={"model": "text", "input": "thanks", "previous_response_id": first["id"]})
     roles = [(m["role"], bool(m.get("tool_calls"))) for m in backend.chat_requests[-1]["messages"]]
     assert roles == [("user", False), ("assistant", True), ("tool", False), ("assistant", False), ("user", False)]
+
+
+async def test_required_applies_to_the_gateways_tools_and_is_lifted_after_the_forced_call(tools_gateway, client, backend):
+    tools, start = tools_gateway
+    url = await start()
+    final = (await client.post(url + "/v1/responses", json={"model": "mcp-add", "input": "2+3?", "tool_choice": "required"})).json()
+    assert final["status"] == "completed" and final["output"][-1]["content"][0]["text"] == "Tool result: 5"
+    first, second = backend.chat_requests[-2:]
+    assert first["tool_choice"] == "required"  # only the gateway's tools to choose from: one must be called
+    assert second["tool_choice"] == "auto"  # forcing again would loop until the round limit

@@ -195,6 +195,11 @@ def tool_exchange(
     exchange += [{"role": "tool", "tool_call_id": c.call_id, "content": result} for c, result in zip(calls, results)]
     following = copy.copy(body)
     following["messages"] = [*body["messages"], *exchange]
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        # A forced call was made: forcing it again would loop until the round limit
+        # (as the Agents SDK's reset_tool_choice avoids); the model may now answer.
+        following["tool_choice"] = "auto"
     return following
 
 

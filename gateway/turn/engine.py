@@ -549,6 +549,8 @@ class Turn:
         if tools.routes and plan.allowed_tools is None:
             plan.body.setdefault("tools", []).extend(tools.chat_tools)
             self.translator.set_gateway_tools(tools.routes, tools.approval)
+            if self.req.tool_choice == "required":  # the gateway's tools are the ones to choose from
+                plan.body.setdefault("tool_choice", "required")
         await emit(events)
         return tools
 
