@@ -27,7 +27,7 @@ from ..errors import BackendStatusError, BackendStreamError, BackendTimeout
 from ..redact import Redactor
 from ..streams.chunks import DONE
 from ..streams.sse import SSEDecoder, SSETooLarge
-from .openai import backend_error_from, retry_after_of
+from .openai import backend_error_from, read_bounded, retry_after_of
 
 __all__ = ["AnthropicBackend", "MessagesStream", "messages_request"]
 
@@ -42,7 +42,6 @@ _FINISH = {
     "tool_use": "tool_calls",
     "refusal": "content_filter",
 }
-_MAX_ERROR_BODY = 64 * 1024
 
 
 # --- requests -----------------------------------------------------------------------------
@@ -354,16 +353,9 @@ class AnthropicBackend:
                 await response.aclose()
 
     async def _status_error(self, response: httpx2.Response) -> BackendStatusError:
-        raw = b""
+        raw = await read_bounded(response)
         try:
-            async for data in response.aiter_raw():
-                raw += data
-                if len(raw) > _MAX_ERROR_BODY:
-                    break
-        except httpx2.TransportError:
-            pass
-        try:
-            error = orjson.loads(self._redactor.redact_bytes(raw[:_MAX_ERROR_BODY])).get("error") or {}
+            error = orjson.loads(self._redactor.redact_bytes(raw)).get("error") or {}
         except (orjson.JSONDecodeError, AttributeError):
             error = {}
         kind = str(error.get("type") or "")

@@ -306,7 +306,7 @@ class OpenAICompatibleBackend:
         payload = orjson.dumps(body)
         async with self._send(lambda: self._chat_request(payload, headers)) as response:
             if response.status_code >= 400:
-                error_body = self._redactor.redact_bytes(await _read_bounded(response))
+                error_body = self._redactor.redact_bytes(await read_bounded(response))
                 error = BackendStatusError.from_body(response.status_code, error_body)
                 error.retry_after = retry_after_of(response.headers.get("retry-after"))
                 raise error
@@ -426,7 +426,8 @@ def _without_reasoning_content(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "messages": cleaned}
 
 
-async def _read_bounded(response: httpx2.Response) -> bytes:
+async def read_bounded(response: httpx2.Response) -> bytes:
+    """An error body, at most its first bytes (a backend's error page can be large)."""
     data = bytearray()
     with map_backend_errors():
         async for chunk in response.stream:  # type: ignore[union-attr]
