@@ -15,6 +15,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from asgi_helpers import answer_lifespan, read_body
+
 
 def _start(model: str, input_tokens: int = 12, cache_read: int = 0) -> dict[str, Any]:
     usage = {"input_tokens": input_tokens, "output_tokens": 1, "cache_read_input_tokens": cache_read, "cache_creation_input_tokens": 0}
@@ -97,17 +99,9 @@ class AnthropicServer:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+            await answer_lifespan(receive, send)
+            return
+        raw = await read_body(receive)
         body = orjson.loads(raw)
         self.requests.append(body)
         self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})

@@ -17,6 +17,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from asgi_helpers import answer_lifespan, read_body
+
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 USAGE = {
@@ -236,19 +238,9 @@ class ScriptedBackend:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+            await answer_lifespan(receive, send)
+            return
+        raw = await read_body(receive)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         try:
             body = orjson.loads(raw) if raw else None

@@ -17,6 +17,7 @@ import trio
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 import gateway
+from asgi_helpers import answer_lifespan, read_body
 from conftest import SequentialIds, make_settings, parse_sse
 from gateway.observe import Telemetries
 from gateway.observe.tracing import OpenTelemetryTracing, traces_url
@@ -36,17 +37,9 @@ class OTLPReceiver:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+            await answer_lifespan(receive, send)
+            return
+        body = await read_body(receive)
         self.paths.append(scope["path"])
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
