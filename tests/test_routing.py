@@ -295,3 +295,31 @@ def test_the_readme_example_file_is_valid():
     config = parse_config(example, environ={"LOCAL_API_KEY": "k"})
     assert [t.model for t in config.route_for("reasoner").targets] == ["qwen3-32b"]  # type: ignore[union-attr]
     assert config.backends["local"].max_concurrent_streams == 8 and config.backends["spare"].read_timeout == 300
+    assert config.route_for("reasoner").context_window == 32768  # type: ignore[union-attr]
+
+
+async def test_a_codex_model_catalog_lists_the_routed_models_with_their_context_windows(tmp_path, nursery, two, client, monkeypatch):
+    import json
+
+    a, b = two
+    text = EXAMPLE.format(a=a.url, b=b.url) + '[[routes]]\nmodel = "qwen3-coder"\nbackends = ["local"]\ncontext_window = 131072\n'
+    path = tmp_path / "gateway.toml"
+    path.write_text(text)
+    env = {"PATH": "/usr/bin:/bin", "LOCAL_API_KEY": "k"}
+    done = await trio.run_process(
+        [sys.executable, "-m", "gateway", "config", "codex-catalog", str(path), "--model", "smollm2"],
+        env=env, capture_stdout=True, capture_stderr=True, check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    catalog = json.loads(done.stdout)
+    # The fields Codex CLI requires of every entry (checked with `codex debug models`, Codex 0.169).
+    required = {
+        "slug", "display_name", "context_window", "supported_reasoning_levels", "shell_type", "visibility",
+        "supported_in_api", "priority", "support_verbosity", "truncation_policy", "experimental_supported_tools",
+        "base_instructions",
+    }
+    assert [(m["slug"], m["context_window"]) for m in catalog["models"]] == [("qwen3-coder", 131072), ("smollm2", 32768)]
+    assert all(required <= set(m) for m in catalog["models"])
+    url = await start_with_config(nursery, tmp_path, text, monkeypatch)
+    listed = {m["id"]: m for m in (await client.get(url + "/v1/models")).json()["data"]}
+    assert listed["qwen3-coder"]["context_window"] == 131072

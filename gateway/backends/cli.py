@@ -1,4 +1,5 @@
 """`gateway config check [FILE]`: validate a backends file and print the resolved routes.
+`gateway config codex-catalog [FILE] [--model NAME ...]`: print a model catalog for Codex CLI.
 
 FILE defaults to GATEWAY_CONFIG.  Exit status 0 when the file is usable, 2
 (with the file, line and key named) when it is not.
@@ -7,6 +8,7 @@ FILE defaults to GATEWAY_CONFIG.  Exit status 0 when the file is usable, 2
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -20,17 +22,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     check = commands.add_parser("check", help="validate a backends file and print its routes")
     check.add_argument("file", nargs="?", help="the TOML file (default: GATEWAY_CONFIG)")
+    catalog = commands.add_parser(
+        "codex-catalog", help="print a model catalog for Codex CLI (model_catalog_json) of the routed models"
+    )
+    catalog.add_argument("file", nargs="?", help="the TOML file (default: GATEWAY_CONFIG; none: only --model)")
+    catalog.add_argument("--model", action="append", default=[], help="a model name to list too (repeatable)")
+    catalog.add_argument("--context-window", type=int, default=32768, help="for models without their own (tokens)")
+    catalog.add_argument("--instructions", help="a file with the base instructions Codex sends for these models")
 
 
 def main(args: argparse.Namespace) -> int:
     path = args.file or os.environ.get("GATEWAY_CONFIG", "")
-    if not path:
+    if not path and not (args.action == "codex-catalog" and args.model):
         print("gateway: name a file, or set GATEWAY_CONFIG", file=sys.stderr)
         return 2
     try:
-        config = load_config(path)
+        config = load_config(path) if path else None
     except ConfigError as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
-    print(config.describe())
+    if args.action == "check":
+        assert config is not None
+        print(config.describe())
+        return 0
+    from .codex import BASE_INSTRUCTIONS, codex_catalog
+
+    models: dict[str, int] = {}
+    for route in config.routes if config is not None else ():
+        if not route.is_glob:
+            models[route.model] = route.context_window or args.context_window
+    for name in args.model:
+        models.setdefault(name, args.context_window)
+    instructions = BASE_INSTRUCTIONS
+    if args.instructions:
+        with open(args.instructions, encoding="utf-8") as file:
+            instructions = file.read()
+    print(json.dumps(codex_catalog(models.items(), instructions=instructions), indent=2))
     return 0

@@ -60,6 +60,7 @@ class Route:
     model: str  # an exact name or a glob
     targets: tuple[RouteTarget, ...]
     line: int = 0
+    context_window: int | None = None  # tokens, for clients that need model metadata (Codex)
 
     @property
     def is_glob(self) -> bool:
@@ -199,7 +200,7 @@ def _backend(name: str, raw: Any, where: _Locator, environ: Mapping[str, str]) -
 
 def _route(index: int, raw: dict[str, Any], where: _Locator, backends: Mapping[str, BackendConfig]) -> Route:
     table = ("routes", str(index))
-    where.unknown(raw, {"model", "backends"}, table)
+    where.unknown(raw, {"model", "backends", "context_window"}, table)
     model = raw.get("model")
     if not isinstance(model, str) or not model:
         raise ConfigError(where.at(table, "model", "must be a model name or glob"))
@@ -220,7 +221,12 @@ def _route(index: int, raw: dict[str, Any], where: _Locator, backends: Mapping[s
         if target.backend not in backends:
             raise ConfigError(where.at(table, "backends", f"no backend named {target.backend!r}"))
         resolved.append(target)
-    return Route(model=model, targets=tuple(resolved), line=where.line_of(table, "model"))
+    return Route(
+        model=model,
+        targets=tuple(resolved),
+        line=where.line_of(table, "model"),
+        context_window=_number(raw, "context_window", where, table, int, None, minimum=1),
+    )
 
 
 def _number(raw: Mapping[str, Any], key: str, where: _Locator, table: tuple[str, ...], kind: type, default: Any, *, minimum: float) -> Any:

@@ -220,7 +220,10 @@ class Router:
         models: dict[str, dict[str, Any]] = {}
         for route in self.config.routes:
             if not route.is_glob:
-                models[route.model] = {"id": route.model, "object": "model", "created": 0, "owned_by": route.targets[0].backend}
+                entry = {"id": route.model, "object": "model", "created": 0, "owned_by": route.targets[0].backend}
+                if route.context_window:
+                    entry["context_window"] = route.context_window
+                models[route.model] = entry
         for state in self.backends.values():
             for entry in await _backend_models(state):
                 models.setdefault(str(entry["id"]), {**entry, "owned_by": entry.get("owned_by") or state.name})
