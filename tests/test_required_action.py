@@ -73,3 +73,40 @@ async def test_a_text_answer_has_no_required_action_in_that_mode(start_gateway, 
     frames = parse_sse((await client.post(url + "/v1/responses", json={"model": "text", "input": "hi", "stream": True})).content)
     assert "response.required_action" not in [f["type"] for f in frames[:-1]]
     assert "required_action" not in frames[-2]["response"]
+
+
+async def test_a_quiet_stream_gets_numbered_ping_events_in_that_mode(start_gateway, client, backend):
+    url = await start_gateway(tool_call_protocol="required_action", heartbeat_interval=0.2)
+    raw = b""
+    async with client.stream("POST", url + "/v1/responses", json={"model": "slow-first-token", "input": "hi", "stream": True}) as r:
+        chunks = r.aiter_bytes()  # kept: a dropped iterator would close the stream
+        async for data in chunks:
+            raw += data
+            if raw.count(b"event: ping") >= 2:
+                break
+        backend.release.set()
+        async for data in chunks:
+            raw += data
+    frames = parse_sse(raw)
+    events = frames[:-1]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))  # pings take their place in order
+    pings = [e for e in events if e["type"] == "ping"]
+    assert len(pings) >= 2 and events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+    assert b": keep-alive" not in raw
+    replay = parse_sse((await client.get(f"{url}/v1/responses/{events[-1]['response']['id']}?stream=true")).content)
+    assert [e["type"] for e in replay[:-1]] == [e["type"] for e in events]  # kept in the record too
+
+
+async def test_standard_mode_keeps_alive_with_comments(start_gateway, client, backend):
+    url = await start_gateway(heartbeat_interval=0.2)
+    raw = b""
+    async with client.stream("POST", url + "/v1/responses", json={"model": "slow-first-token", "input": "hi", "stream": True}) as r:
+        chunks = r.aiter_bytes()
+        async for data in chunks:
+            raw += data
+            if b": keep-alive" in raw:
+                break
+        backend.release.set()
+        async for data in chunks:
+            raw += data
+    assert b"event: ping" not in raw and parse_sse(raw)[-2]["type"] == "response.completed"

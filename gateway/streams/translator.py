@@ -699,6 +699,14 @@ class ResponseTranslator:
 
     # ------------------------------------------------------------ internals
 
+    def ping(self, emitted: int) -> Event | None:
+        """A `ping` event with the next sequence number (the required_action protocol's
+        keep-alive), or None while events numbered before it are still on their way
+        (`emitted`: how many have been handed on) or before the response has started."""
+        if not self.started or self.done or emitted != self._seq:
+            return None
+        return self._event("ping")
+
     def _event(self, type_: str, **fields: Any) -> Event:
         event = {"type": type_, "sequence_number": self._seq}
         event.update(fields)

@@ -36,6 +36,7 @@ from ..turn.tools import RequestTools
 __all__ = ["SSE_HEADERS", "ChatCompletionStream", "DeferredHeadBody", "EventChannelBody", "TurnEventStream"]
 
 log = logging.getLogger("gateway.sse")
+_COMMENT = encode_comment()  # the keep-alive of a quiet stream
 
 SSE_HEADERS = {
     "content-type": "text/event-stream; charset=utf-8",
@@ -148,14 +149,17 @@ class EventChannelBody(DeferredHeadBody):
         self._last_write = trio.current_time()
         return first if len(parts) == 1 else b"".join(parts)
 
+    def keep_alive(self) -> bytes:
+        """What a quiet stream is sent: an SSE comment."""
+        return _COMMENT
+
     async def _run_heartbeat(self, out_send: trio.MemorySendChannel[bytes]) -> None:
-        comment = encode_comment()
         async with out_send:
             with self._heartbeat_scope:
                 while True:
                     deadline = self._last_write + self._interval
                     if trio.current_time() >= deadline:
-                        await out_send.send(comment)
+                        await out_send.send(self.keep_alive())
                         self._last_write = trio.current_time()
                         self._telemetry.heartbeat()
                         continue
@@ -176,6 +180,11 @@ class TurnEventStream(EventChannelBody):
 
         await self.turn.run(emit)
         await out.send(encode_done())
+
+    def keep_alive(self) -> bytes:
+        """A numbered `ping` event in the required_action protocol (when it can go in order)."""
+        ping = self.turn.ping()
+        return encode_event(ping) if ping is not None else _COMMENT
 
     async def head(self) -> tuple[int, dict[str, str]]:
         """Status and headers, decided before the first byte is sent.

@@ -515,6 +515,16 @@ class Turn:
         outcome.rounds = self.session.rounds + 1
         outcome.finished_at = trio.current_time()
 
+    def ping(self) -> Event | None:
+        """A numbered `ping` for a quiet stream (TOOL_CALL_PROTOCOL=required_action), kept in the
+        record like any event; None in the standard protocol or when it cannot go in order now."""
+        if self.resources.settings.tool_call_protocol != "required_action":
+            return None
+        event = self.translator.ping(len(self.events))
+        if event is not None:
+            self.events.append(event)
+        return event
+
     def observe(self) -> None:
         """Hand the outcome to telemetry and the observers (once the transport has filled in its part)."""
         report_outcome(self.resources, self.outcome)
