@@ -685,11 +685,14 @@ def create_app(
     async def _models() -> Response:
         """The models a key may use: with several backends, the configured names and each
         backend's own list; with one, the backend's list."""
-        lister = getattr(app.backend, "list_models", None)
-        if lister is None:
-            return await _passthrough("models")
+        from .backends.routing import backend_models
+
         limits = _caller().limits
-        models = [m for m in await lister() if limits.allows_model(str(m["id"]))]
+        lister = getattr(app.backend, "list_models", None)
+        if lister is None and limits.models is None:
+            return await _passthrough("models")  # the backend's answer, as it gives it
+        listed = await lister() if lister is not None else await backend_models(app.backend)
+        models = [m for m in listed if limits.allows_model(str(m["id"]))]
         return _json(orjson.dumps({"object": "list", "data": models}))
 
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])

@@ -670,3 +670,12 @@ async def test_chat_completions_without_gateway_tools_count_tokens_for_a_key_wit
     again = await client.post(url + "/v1/chat/completions", json=body, headers=auth(CAROL))
     assert again.status_code == 429 and again.json()["error"]["type"] == "tokens"
     assert len(backend.requests) == sent
+
+
+async def test_models_lists_only_what_a_key_may_use(keyed, client):
+    url, keys, _, _ = keyed
+    everything = await client.get(url + "/v1/models", headers=auth(ALICE))
+    assert [m["id"] for m in everything.json()["data"]] == ["text"]  # the backend's list, as it is
+    await keys.put(key("carol", CAROL, models=("reason*",)))
+    limited = await client.get(url + "/v1/models", headers=auth(CAROL))
+    assert limited.status_code == 200 and limited.json() == {"object": "list", "data": []}

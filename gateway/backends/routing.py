@@ -36,7 +36,7 @@ from ..errors import BackendError, BackendStatusError, BackendStreamError, Backe
 from ..wire import model_of
 from .config import BackendConfig, FallbackConfig, GatewayConfig, RouteTarget
 
-__all__ = ["BackendState", "Router", "build_router"]
+__all__ = ["BackendState", "Router", "backend_models", "build_router"]
 
 log = logging.getLogger("gateway.backends")
 
@@ -225,7 +225,7 @@ class Router:
                     entry["context_window"] = route.context_window
                 models[route.model] = entry
         for state in self.backends.values():
-            for entry in await _backend_models(state):
+            for entry in await backend_models(state.adapter):
                 models.setdefault(str(entry["id"]), {**entry, "owned_by": entry.get("owned_by") or state.name})
         return list(models.values())
 
@@ -264,18 +264,19 @@ async def _first_batch(stream: Any) -> list[Any] | None:
         return None
 
 
-async def _backend_models(state: BackendState) -> list[dict[str, Any]]:
-    lister = getattr(state.adapter, "list_models", None)
+async def backend_models(adapter: Any) -> list[dict[str, Any]]:
+    """A backend's own model list (its `list_models`, or `GET /v1/models`); empty if it has none."""
+    lister = getattr(adapter, "list_models", None)
     if lister is not None:
         try:
             return list(await lister())
         except GatewayError:
             return []
-    if not hasattr(state.adapter, "open_passthrough"):
+    if not hasattr(adapter, "open_passthrough"):
         return []
     try:
         with trio.move_on_after(5):
-            async with state.adapter.open_passthrough("GET", "models", b"", {}, b"") as response:
+            async with adapter.open_passthrough("GET", "models", b"", {}, b"") as response:
                 if response.status != 200:
                     return []
                 raw = b"".join([chunk async for chunk in response])
