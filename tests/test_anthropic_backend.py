@@ -74,6 +74,10 @@ def test_reasoning_effort_becomes_a_thinking_budget_and_signed_thinking_goes_bac
     assert body["max_tokens"] == 4096 + 1024 and "temperature" not in body
     assert body["messages"][1]["content"][0] == {"type": "thinking", "thinking": "Two and two.", "signature": "sig"}
     assert "tools" not in body and "tool_choice" not in body
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    structured = messages_request({"model": "m", "messages": [], "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}})
+    assert structured["output_config"] == {"format": {"type": "json_schema", "schema": schema}}
+    assert "output_config" not in messages_request({"model": "m", "messages": [], "response_format": {"type": "json_object"}})
     for choice, expected in (("required", {"type": "any"}), ("auto", {"type": "auto"}), ("none", {"type": "none"})):
         tools = [{"type": "function", "function": {"name": "f"}}]
         assert messages_request({"model": "m", "messages": [], "tools": tools, "tool_choice": choice})["tool_choice"] == expected
@@ -151,6 +155,10 @@ async def test_text_with_usage_and_the_headers_anthropic_needs(claude, client):
     assert (final["usage"]["input_tokens"], final["usage"]["output_tokens"]) == (12, 9)
     assert server.headers[-1]["x-api-key"] == "sk-ant-test-0123456789" and server.headers[-1]["anthropic-version"] == "2023-06-01"
     assert server.requests[-1]["system"] == "Be brief." and server.requests[-1]["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    schema = {"type": "object", "properties": {"greeting": {"type": "string"}}, "required": ["greeting"], "additionalProperties": False}
+    text_format = {"format": {"type": "json_schema", "name": "g", "schema": schema, "strict": True}}
+    assert (await client.post(url + "/v1/responses", json={"model": "claude-text", "input": "hi", "text": text_format})).status_code == 200
+    assert server.requests[-1]["output_config"] == {"format": {"type": "json_schema", "schema": schema}}
     cached = (await client.post(url + "/v1/responses", json={"model": "claude-cached", "input": "hi"})).json()
     assert cached["usage"]["input_tokens"] == 105 and cached["usage"]["input_tokens_details"]["cached_tokens"] == 100
 

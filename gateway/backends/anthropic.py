@@ -80,6 +80,11 @@ def messages_request(chat: Mapping[str, Any], *, default_max_tokens: int = 4096)
     stop = chat.get("stop")
     if stop:
         body["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
+    response_format = chat.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if isinstance(schema, dict):  # Anthropic's structured outputs (GA: output_config.format)
+            body["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
     tools = [_tool(tool) for tool in chat.get("tools") or () if isinstance(tool, dict) and tool.get("type") == "function"]
     if tools:
         body["tools"] = tools
