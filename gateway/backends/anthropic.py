@@ -28,6 +28,7 @@ from ..redact import Redactor
 from ..streams.chunks import DONE
 from ..streams.sse import SSEDecoder, SSETooLarge
 from .openai import backend_error_from, read_bounded, retry_after_of
+from .http1 import Http1Transport
 
 __all__ = ["AnthropicBackend", "MessagesStream", "messages_request"]
 
@@ -322,6 +323,7 @@ class AnthropicBackend:
         read_timeout: float = 120.0,
         redactor: Redactor | None = None,
         default_max_tokens: int = 4096,
+        max_connections: int = 1000,
     ) -> None:
         root = base_url.rstrip("/")
         self._url = (root if root.endswith("/v1") else root + "/v1") + "/messages"
@@ -336,7 +338,8 @@ class AnthropicBackend:
         self._redactor = redactor if redactor is not None else Redactor([api_key] if api_key else [])
         self._default_max_tokens = default_max_tokens
         timeout = httpx2.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=None)
-        self._client = httpx2.AsyncClient(timeout=timeout, follow_redirects=False)
+        transport = Http1Transport(max_connections=max_connections)
+        self._client = httpx2.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -27,6 +27,7 @@ from ..errors import (
 )
 from ..redact import Redactor
 from ..streams.chunks import ChunkDecoder
+from .http1 import Http1Transport
 
 __all__ = ["ChatStream", "OpenAICompatibleBackend", "PassthroughResponse", "backend_error_from", "map_backend_errors"]
 
@@ -226,10 +227,10 @@ class PassthroughResponse:
 class OpenAICompatibleBackend:
     """Any server that speaks OpenAI's `/v1/chat/completions`.
 
-    One httpx2 transport (the connection pool) serves both paths.  Chat
-    streams call the transport directly: they need none of the client's
-    auth, redirect, cookie or decoding layers, which cost more per chunk than
-    everything else the gateway does.  Passthrough requests use the client.
+    One transport (`Http1Transport`: the connection pool, parsed by
+    httptools) serves both paths.  Chat streams call the transport directly:
+    they need none of the client's auth, redirect, cookie or decoding
+    layers.  Passthrough requests use the client.
     """
 
     def __init__(
@@ -246,8 +247,7 @@ class OpenAICompatibleBackend:
         """The backend the settings name, or (a named backend of the config file) the one
         `base_url` names, with its own key, headers and timeouts."""
         self._redactor = redactor if redactor is not None else Redactor.from_settings(settings)
-        self._pool = _ShardedPool(settings.upstream_max_connections)
-        self._transport = self._pool.transports[0]
+        self._transport = Http1Transport(max_connections=settings.upstream_max_connections, keepalive_expiry=30.0)
         read = read_timeout if read_timeout is not None else settings.stream_timeout
         timeout = httpx2.Timeout(
             connect=connect_timeout if connect_timeout is not None else settings.connect_timeout,
@@ -275,8 +275,7 @@ class OpenAICompatibleBackend:
         }
 
     async def aclose(self) -> None:
-        await self._client.aclose()
-        await self._pool.aclose()
+        await self._client.aclose()  # and its transport
 
     @contextlib.asynccontextmanager
     async def open_chat_stream(
@@ -304,7 +303,7 @@ class OpenAICompatibleBackend:
     @contextlib.asynccontextmanager
     async def _open_chat(self, body: dict[str, Any], headers: Mapping[str, str] | None) -> AsyncIterator[ChatStream]:
         payload = orjson.dumps(body)
-        async with self._send(lambda: self._chat_request(payload, headers)) as response:
+        async with self._send(self._chat_request(payload, headers)) as response:
             if response.status_code >= 400:
                 error_body = self._redactor.redact_bytes(await read_bounded(response))
                 error = BackendStatusError.from_body(response.status_code, error_body)
@@ -317,23 +316,16 @@ class OpenAICompatibleBackend:
         return httpx2.Request("POST", self._chat_url, content=payload, headers=merged, extensions={"timeout": self._timeout})
 
     @contextlib.asynccontextmanager
-    async def _send(self, build: Any) -> AsyncIterator[httpx2.Response]:
-        with self._pool.lease() as transport:
-            with map_backend_errors():
-                try:
-                    response = await transport.handle_async_request(build())
-                except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
-                    # A pooled keep-alive connection the server had already closed
-                    # (llama.cpp closes after each stream without saying so): the
-                    # request never reached it, so one retry on a fresh connection.
-                    response = await transport.handle_async_request(build())
-            try:
-                yield response
-            finally:
-                # Closing must finish even when the request is being cancelled (the
-                # client left): that is what tells the backend to stop generating.
-                with trio.CancelScope(shield=True), trio.move_on_after(2):
-                    await response.aclose()
+    async def _send(self, request: httpx2.Request) -> AsyncIterator[httpx2.Response]:
+        with map_backend_errors():  # (a stale keep-alive connection is retried by the transport)
+            response = await self._transport.handle_async_request(request)
+        try:
+            yield response
+        finally:
+            # Closing must finish even when the request is being cancelled (the
+            # client left): that is what tells the backend to stop generating.
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await response.aclose()
 
     @contextlib.asynccontextmanager
     async def open_passthrough(
@@ -352,52 +344,6 @@ class OpenAICompatibleBackend:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await response.aclose()
-
-
-class _ShardedPool:
-    """Several httpx2 connection pools used as one.
-
-    httpcore's pool scans all of its connections on every request and every
-    close, which grows quadratic with thousands of concurrent streams.  Each
-    shard holds at most `_SHARD_SIZE` connections; requests fill the first
-    shard with room, so a lightly loaded gateway keeps reusing the same few
-    keep-alive connections, and only a busy one spreads out.
-    """
-
-    def __init__(self, max_connections: int) -> None:
-        self._count = max(1, -(-max_connections // _SHARD_SIZE))
-        self._size = min(max_connections, _SHARD_SIZE)
-        self._ssl = httpx2.create_ssl_context()  # one for all shards: building one costs ~20 ms
-        self.transports = [self._new_transport()]  # more are made when the first ones fill up
-        self._active = [0]
-
-    def _new_transport(self) -> httpx2.AsyncHTTPTransport:
-        limits = httpx2.Limits(max_connections=self._size, max_keepalive_connections=self._size, keepalive_expiry=30.0)
-        return httpx2.AsyncHTTPTransport(verify=self._ssl, limits=limits)
-
-    @contextlib.contextmanager
-    def lease(self) -> Iterator[httpx2.AsyncHTTPTransport]:
-        active = self._active
-        index = next((i for i, n in enumerate(active) if n < self._size), None)
-        if index is None:
-            if len(active) < self._count:
-                self.transports.append(self._new_transport())
-                active.append(0)
-                index = len(active) - 1
-            else:
-                index = min(range(len(active)), key=active.__getitem__)
-        active[index] += 1
-        try:
-            yield self.transports[index]
-        finally:
-            active[index] -= 1
-
-    async def aclose(self) -> None:
-        for transport in self.transports[1:]:  # the first belongs to the passthrough client
-            await transport.aclose()
-
-
-_SHARD_SIZE = 256
 
 
 def _without_signatures(body: dict[str, Any]) -> dict[str, Any]:

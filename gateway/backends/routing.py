@@ -311,6 +311,7 @@ def build_router(config: GatewayConfig, settings: Any, redactor: Any) -> Router:
                 connect_timeout=backend.connect_timeout or settings.connect_timeout,
                 read_timeout=backend.read_timeout or settings.stream_timeout,
                 redactor=redactor,
+                max_connections=settings.upstream_max_connections,
             )
         else:
             adapters[name] = OpenAICompatibleBackend(

@@ -151,12 +151,16 @@ def _met(ok: bool) -> str:
 async def run_bench(
     out: pathlib.Path, *, duration: float = 8.0, quick: bool = False, slow_streams: int = 5000, only: str = "all"
 ) -> Bench:
-    """Run every scenario (or `only` one: `shared`); returns the bench with its table rows."""
+    """Run every scenario (or `only` one part); returns the bench with its table rows."""
     _raise_fd_limit()
     out.mkdir(parents=True, exist_ok=True)
     bench = Bench(out, duration, quick)
     if only == "shared":
         await _shared_service_scenario(bench)
+        return bench
+    if only == "heartbeats":
+        for streams in sorted({min(2000, slow_streams), slow_streams}):
+            await _heartbeat_scenario(bench, streams)
         return bench
     # --- throughput and added latency: 200-chunk replies without delay --------
     async with _simulator(tokens=200) as (sim_url, sim_proc):
@@ -225,6 +229,8 @@ async def run_bench(
                     single = via.throughput_rps
 
         # --- two workers -------------------------------------------------------
+        if only == "throughput":
+            return bench
         async with _gateway(sim_url, workers=2) as (gw2_url, gw2_proc):
             await run_load(LoadConfig(url=gw2_url, api="responses", concurrency=4, requests=40))
             two = await bench.load(
@@ -372,7 +378,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slow-streams", type=int, default=5000, help="concurrent streams in the heartbeat scenario")
     parser.add_argument("--quick", action="store_true", help="shorter runs (smoke test)")
     parser.add_argument(
-        "--only", choices=["all", "shared"], default="all", help="shared: only the cost of keys, limits and metrics"
+        "--only",
+        choices=["all", "throughput", "shared", "heartbeats"],
+        default="all",
+        help="one part: throughput (one worker, c=1/50/200), shared (the cost of keys, limits and metrics), heartbeats",
     )
 
 

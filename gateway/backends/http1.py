@@ -1,0 +1,404 @@
+"""HTTP/1.1 to a backend on trio sockets, parsed by httptools (llhttp, Node's C parser).
+
+A streamed chat completion is hundreds of small chunked-encoding chunks.
+Read through httpcore and h11, each chunk is one event walked up through
+several layers of Python; here one socket read is one `feed_data` call
+whose body callbacks append to a list, and the stream hands on all that
+read completed.  It is an httpx2 transport, so the adapters keep httpx2's
+request and response types, and its exception classes carry the failures
+to the one place that maps them (`openai.backend_error_from`).
+
+What it does, as the adapters need it:
+- a keep-alive pool per origin, LIFO (the warmest connection first), idle
+  connections dropped after `keepalive_expiry`, and a connection the server
+  closed while idle noticed before reuse (a peek);
+- at most `max_connections` requests in flight, the rest wait in turn;
+- connect, read and write timeouts from the request's `timeout` extension;
+  a read that finds data waiting costs no timer (one is set only when the
+  read must wait);
+- TLS (trio's SSLStream) for https origins;
+- a body read to its end returns its connection to the pool; a body closed
+  early (the client left) closes the connection at once, which is what
+  tells the backend to stop generating.
+
+Request bodies must be bytes (`content=`), which is what the chat path sends.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import ssl
+from collections.abc import Iterable
+from typing import Any
+
+import httptools
+import httpx2
+import trio
+
+__all__ = ["Http1Transport"]
+
+_READ_SIZE = 64 * 1024
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+Origin = tuple[str, str, int]
+
+
+class _Connection:
+    """One socket to an origin, and the parser state of the response being read on it.
+
+    The httptools parser calls the `on_*` methods back from `feed`.
+    """
+
+    __slots__ = (
+        "origin",
+        "sock",
+        "tls",
+        "idle_since",
+        "parser",
+        "headers",
+        "body",
+        "headers_done",
+        "complete",
+        "framed",
+        "received",
+        "keep_alive",
+    )
+
+    def __init__(self, origin: Origin, sock: socket.socket, tls: trio.SSLStream[Any] | None) -> None:
+        self.origin = origin
+        self.sock = sock
+        self.tls = tls
+        self.idle_since = 0.0
+        self.parser: Any = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.headers_done = False
+        self.complete = False
+        self.framed = False  # the body's end is marked (length or chunked), not the connection's close
+        self.received = False  # any byte of the current response
+        self.keep_alive = False
+
+    # -- the parser's callbacks ----------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+        self.keep_alive = bool(self.parser.should_keep_alive())  # (reads False once the message is over)
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+    # -- one exchange ------------------------------------------------------
+    def start_response(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.headers = []
+        self.body = []
+        self.headers_done = self.complete = self.framed = self.received = False
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            raise httpx2.RemoteProtocolError("the backend sent malformed HTTP") from exc
+
+    async def send(self, data: bytes, timeout: float) -> None:
+        if self.tls is not None:
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    await self.tls.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    raise httpx2.WriteError("the connection was lost while sending") from exc
+            if scope.cancelled_caught:
+                raise httpx2.WriteTimeout("timed out sending to the backend")
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                sent = self.sock.send(view)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                raise httpx2.WriteError("the connection was lost while sending") from exc
+            view = view[sent:]
+            if view:
+                with trio.move_on_after(timeout) as scope:
+                    await trio.lowlevel.wait_writable(self.sock)
+                if scope.cancelled_caught:
+                    raise httpx2.WriteTimeout("timed out sending to the backend")
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def receive(self, timeout: float) -> bytes:
+        """The next bytes, b"" at the end of the connection.
+
+        Data already waiting is taken without a timer or a trip through the
+        scheduler (the caller's own channel send is the schedule point).
+        """
+        if self.tls is not None:
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    return bytes(await self.tls.receive_some(_READ_SIZE))
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    raise httpx2.ReadError("the connection was lost") from exc
+            raise httpx2.ReadTimeout("timed out reading from the backend")
+        while True:
+            try:
+                data = self.sock.recv(_READ_SIZE)
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise httpx2.ReadError("the connection was lost") from exc
+            else:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                return data
+            with trio.move_on_after(timeout) as scope:
+                await trio.lowlevel.wait_readable(self.sock)
+            if scope.cancelled_caught:
+                raise httpx2.ReadTimeout("timed out reading from the backend")
+
+    def is_alive(self) -> bool:
+        """False when the server closed this idle connection (or sent something it should not)."""
+        try:
+            return not self.sock.recv(1, socket.MSG_PEEK)  # any byte on an idle connection is wrong
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if self.tls is not None:
+            self.tls.transport_stream.socket.close()  # no close_notify: the peer may be gone
+        self.sock.close()
+
+
+class _Body(httpx2.AsyncByteStream):
+    """A response body: each step yields what one read completed (chunk framing removed)."""
+
+    def __init__(self, transport: Http1Transport, conn: _Connection, read_timeout: float, keep_alive: bool) -> None:
+        self._transport = transport
+        self._conn = conn
+        self._timeout = read_timeout
+        self._keep_alive = keep_alive
+        self._closed = False
+        self._eof = False
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        conn = self._conn
+        while True:
+            body = conn.body
+            if body:
+                data = body[0] if len(body) == 1 else b"".join(body)
+                body.clear()
+                return data
+            if conn.complete or self._eof or self._closed:
+                raise StopAsyncIteration
+            data = await conn.receive(self._timeout)
+            if not data:
+                self._eof = True
+                if conn.framed:
+                    raise httpx2.RemoteProtocolError("the backend closed the connection before the body's end")
+                continue
+            conn.feed(data)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        reusable = self._keep_alive and self._conn.complete and not self._conn.body
+        self._transport._release(self._conn, reusable=reusable)
+
+
+class Http1Transport(httpx2.AsyncBaseTransport):
+    """An httpx2 transport for HTTP/1.1 backends (see the module's docstring)."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int,
+        keepalive_expiry: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._max = max(1, max_connections)
+        self._slots = trio.Semaphore(self._max)
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._idle_count = 0
+        self._expiry = keepalive_expiry
+        self._ssl = ssl_context
+        self._closed = False
+
+    @property
+    def connections(self) -> int:
+        """Open connections: in use and idle."""
+        return self._max - self._slots.value + self._idle_count
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        timeouts = request.extensions.get("timeout") or {}
+        connect_timeout = _seconds(timeouts.get("connect"))
+        read_timeout = _seconds(timeouts.get("read"))
+        write_timeout = _seconds(timeouts.get("write"))
+        url = request.url
+        scheme = url.scheme
+        if scheme not in _DEFAULT_PORTS:
+            raise httpx2.UnsupportedProtocol(f"unsupported URL scheme {scheme!r}")
+        origin = (scheme, url.host, url.port or _DEFAULT_PORTS[scheme])
+        message = _request_bytes(request.method, url.raw_path, request.headers.raw, request.content)
+        await self._slots.acquire()
+        conn = None
+        try:
+            while True:
+                conn = self._reuse(origin)
+                reused = conn is not None
+                if conn is None:
+                    conn = await self._connect(origin, connect_timeout)
+                try:
+                    await self._exchange(conn, message, read_timeout, write_timeout)
+                except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
+                    if not reused or conn.received:
+                        raise
+                    # A keep-alive connection the server had closed (llama.cpp closes
+                    # one when the next request arrives, without saying so before):
+                    # nothing was answered, so the request goes again on a new one.
+                    conn.close()
+                    conn = None
+                    continue
+                break
+            parser = conn.parser
+            status = parser.get_status_code()
+            names = {name.lower() for name, _ in conn.headers}
+            conn.framed = b"content-length" in names or b"transfer-encoding" in names
+            keep_alive = conn.keep_alive
+            if request.method == "HEAD":  # no body follows, whatever the headers say
+                conn.complete, keep_alive = True, False  # (and the parser would wait for one: not reused)
+            body = _Body(self, conn, read_timeout, keep_alive=keep_alive)
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            self._slots.release()
+            raise
+        return httpx2.Response(
+            status, headers=conn.headers, stream=body, request=request, extensions={"http_version": b"HTTP/1.1"}
+        )
+
+    @staticmethod
+    async def _exchange(conn: _Connection, message: bytes, read_timeout: float, write_timeout: float) -> None:
+        """Send the request and read the response's head."""
+        conn.start_response()
+        await conn.send(message, write_timeout)
+        while not conn.headers_done:
+            data = await conn.receive(read_timeout)
+            if not data:
+                raise httpx2.RemoteProtocolError("the backend closed the connection without a response")
+            conn.received = True
+            conn.feed(data)
+
+    def _reuse(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin)
+        now = trio.current_time()
+        while idle:
+            conn = idle.pop()
+            self._idle_count -= 1
+            if now - conn.idle_since < self._expiry and conn.is_alive():
+                return conn
+            conn.close()
+        return None
+
+    async def _connect(self, origin: Origin, timeout: float) -> _Connection:
+        if self.connections > self._max:  # (this request's slot counts already) drop an idle one to another origin
+            self._drop_one_idle()
+        with trio.move_on_after(timeout) as scope:
+            return await self._open(origin)
+        raise httpx2.ConnectTimeout("timed out connecting to the backend")
+
+    async def _open(self, origin: Origin) -> _Connection:
+        scheme, host, port = origin
+        try:
+            infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise httpx2.ConnectError("could not resolve the backend's host") from exc
+        failure: OSError | None = None
+        for family, kind, proto, _, address in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                try:
+                    sock.connect(address)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(sock)
+                    error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    if error:
+                        raise OSError(error, os.strerror(error)) from None
+            except OSError as exc:
+                sock.close()
+                failure = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            break
+        else:
+            raise httpx2.ConnectError("could not connect to the backend") from failure
+        if scheme != "https":
+            return _Connection(origin, sock, None)
+        if self._ssl is None:
+            self._ssl = httpx2.create_ssl_context()  # once: building one costs ~20 ms
+        context = self._ssl
+        tls = trio.SSLStream(
+            trio.SocketStream(trio.socket.from_stdlib_socket(sock)), context, server_hostname=host, https_compatible=True
+        )
+        try:
+            await tls.do_handshake()
+        except trio.BrokenResourceError as exc:
+            sock.close()
+            raise httpx2.ConnectError("the TLS handshake with the backend failed") from exc
+        except BaseException:
+            sock.close()
+            raise
+        return _Connection(origin, sock, tls)
+
+    def _drop_one_idle(self) -> None:
+        oldest = min(
+            (conn for idle in self._idle.values() for conn in idle), key=lambda c: c.idle_since, default=None
+        )
+        if oldest is not None:
+            self._idle[oldest.origin].remove(oldest)
+            self._idle_count -= 1
+            oldest.close()
+
+    def _release(self, conn: _Connection, *, reusable: bool) -> None:
+        self._slots.release()
+        if reusable and not self._closed:
+            conn.idle_since = trio.current_time()
+            self._idle.setdefault(conn.origin, []).append(conn)
+            self._idle_count += 1
+        else:
+            conn.close()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+        self._idle_count = 0
+
+
+def _seconds(value: float | None) -> float:
+    return math.inf if value is None else float(value)
+
+
+def _request_bytes(method: str, target: bytes, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bytes:
+    head = [method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
+    for name, value in headers:
+        head += (name, b": ", value, b"\r\n")
+    head.append(b"\r\n")
+    head.append(body)
+    return b"".join(head)
