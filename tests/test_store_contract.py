@@ -289,7 +289,7 @@ async def test_a_store_that_fails_raises_store_unavailable_without_library_text(
 
     blocker = sqlite3.connect(path, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")  # another process holding the database
-    store._conn.execute("PRAGMA busy_timeout = 50")
+    store._file.conn.execute("PRAGMA busy_timeout = 50")  # (the waiting connection, used once the other finds it locked)
     with pytest.raises(StoreUnavailable) as caught:
         await store.save(record("resp_l2"))
     assert caught.value.code == "store_unavailable" and caught.value.status == 503
@@ -297,6 +297,27 @@ async def test_a_store_that_fails_raises_store_unavailable_without_library_text(
     blocker.execute("ROLLBACK")
     blocker.close()
     await store.save(record("resp_l2"))  # the store works again once the lock is gone
+    await store.aclose()
+
+
+async def test_sqlite_keeps_records_compressed_and_reads_the_plain_json_of_earlier_versions(tmp_path):
+    import sqlite3
+
+    import orjson
+
+    path = tmp_path / "store.sqlite3"
+    store = SQLiteStore(str(path))
+    big = record("resp_big")
+    big.events = [{"type": "response.output_text.delta", "sequence_number": n, "delta": " word"} for n in range(200)]
+    await store.save(big)
+    plain = orjson.dumps({"id": "resp_old", "response": {"id": "resp_old", "output": []}, "events": [], "input_items": []})
+    with sqlite3.connect(path) as conn:
+        blob = conn.execute("SELECT data FROM responses WHERE id = 'resp_big'").fetchone()[0]
+        conn.execute("INSERT INTO responses (id, data, saved_at) VALUES ('resp_old', ?, 0)", (plain,))
+    assert blob[:4] == b"\x28\xb5\x2f\xfd" and len(blob) * 5 < len(orjson.dumps(big.events))
+    assert (await store.load("resp_big")).events == big.events
+    old = await store.load("resp_old")
+    assert old is not None and old.response == {"id": "resp_old", "output": []}
     await store.aclose()
 
 

@@ -138,33 +138,14 @@ class SQLiteKeys:
     """
 
     def __init__(self, path: str, *, clock: Callable[[], float] = time.time) -> None:
-        from ..store.sqlite import _create_private, _retry_locked
+        from ..store.sqlite import SQLiteFile, _retry_locked
 
-        if path != ":memory:":
-            import pathlib
-
-            _create_private(pathlib.Path(path))
-        self._conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
-        _retry_locked(lambda: self._conn.execute("PRAGMA journal_mode=WAL"))
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        _retry_locked(lambda: self._conn.executescript(_SCHEMA))
-        if path == ":memory:":
-            self._fast: sqlite3.Connection | None = None  # a second connection would be another database
-        else:
-            self._fast = sqlite3.connect(path, timeout=0, check_same_thread=False, isolation_level=None)
-            self._fast.execute("PRAGMA synchronous=NORMAL")
-        self._limiter = trio.CapacityLimiter(1)
+        self._file = SQLiteFile(path, lambda conn: _retry_locked(lambda: conn.executescript(_SCHEMA)))
         self._clock = clock
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         try:
-            if self._fast is not None:
-                try:
-                    return fn(self._fast, *args)
-                except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) and "busy" not in str(exc):
-                        raise
-            return await trio.to_thread.run_sync(fn, self._conn, *args, limiter=self._limiter)
+            return await self._file.run(fn, *args)
         except sqlite3.Error as exc:
             raise StoreUnavailable("The key store failed; try again.") from exc
 
@@ -278,9 +259,7 @@ class SQLiteKeys:
         await self._run(self._settle, release, counters)
 
     async def aclose(self) -> None:
-        if self._fast is not None:
-            self._fast.close()
-        await trio.to_thread.run_sync(self._conn.close, limiter=self._limiter)
+        await self._file.aclose()
 
 
 # Take a slot if fewer than ARGV[1] unexpired ones are held: atomic in Redis.
