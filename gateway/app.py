@@ -55,7 +55,8 @@ from .streams.chat_session import ChatSession, collect_chat_completion
 from .streams.sse import encode_done, encode_event, event_json
 from .streams.translator import random_id
 from .transport.background import BackgroundRunner
-from .transport.sse import ChatCompletionStream, DeferredHeadBody, TurnEventStream
+from .transport.heartbeats import Heartbeats
+from .transport.sse import ChatCompletionStream, DeferredHeadBody, EventChannelBody, TurnEventStream
 from .turn import Resources, Turn, TurnOutcome, note_chat_chunks, prepare_turn, report_outcome, run_rounds
 from .turn.tools import RequestTools, ToolSource, gateway_tools_enabled
 from .wire import CreateResponseRequest, decode_json_object, model_of, parse_create_request, validate_create_request
@@ -79,6 +80,8 @@ class _GatewayHTTPConnection(TrioASGIHTTPConnection):
             await send({"type": "http.response.start", "status": status, "headers": encode_headers(response.headers)})
             async for data in body:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+        if isinstance(body, EventChannelBody) and body.stalled:
+            return  # the client stopped reading: the server closes the unfinished response's connection
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -93,6 +96,7 @@ class GatewayApp(QuartTrio):
     keyring: KeyRing
     limiter: Limiter
     drain: Drain
+    heartbeats: Heartbeats
     mcp: ToolSource | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -240,6 +244,8 @@ def create_app(
         app.keyring = KeyRing(key_store, parse_static_keys(settings.gateway_api_keys, now=clock()))
         app.limiter = Limiter(key_store, clock=clock)
         await app.nursery.start(app.limiter.run_renewals)
+        app.heartbeats = Heartbeats(settings.heartbeat_interval, stall_timeout=settings.client_stall_timeout)
+        await app.nursery.start(app.heartbeats.run)
         app.runner = BackgroundRunner(
             app.store,
             clock=clock,
@@ -401,7 +407,7 @@ def create_app(
             return _json(orjson.dumps(job.record.response))
         if req.stream:
             response = Response(
-                TurnEventStream(turn, heartbeat_interval=settings.heartbeat_interval),
+                TurnEventStream(turn, heartbeats=app.heartbeats),
                 status=200,
                 content_type="text/event-stream",
             )
@@ -645,7 +651,7 @@ def create_app(
                 session,
                 backend=app.backend,
                 tools=tools,
-                heartbeat_interval=settings.heartbeat_interval,
+                heartbeats=app.heartbeats,
                 call_timeout=call_timeout,
                 concurrency=concurrency,
                 telemetry=app.telemetry,

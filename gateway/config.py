@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     heartbeat_interval: float = Field(
         15.0, gt=0, description="Seconds of silence on a stream before an SSE keep-alive comment is sent."
     )
+    client_stall_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a streaming client may leave a write unread (its buffers full) before its stream is closed.",
+    )
     max_request_body_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="Largest accepted request body; larger ones get 413."
     )

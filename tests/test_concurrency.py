@@ -15,6 +15,7 @@ from conftest import parse_sse
 from gateway.sealing import Sealer
 from gateway.store import MemoryStore
 from gateway.streams.chunks import ChunkDecoder
+from gateway.transport.heartbeats import Heartbeats
 from gateway.transport.sse import TurnEventStream
 from gateway.turn import Resources, prepare_turn
 from gateway.wire import parse_create_request
@@ -71,7 +72,7 @@ class _DecodedChannel:
         raise StopAsyncIteration
 
 
-async def make_body(backend: ChannelBackend, interval: float) -> TurnEventStream:
+async def make_body(backend: ChannelBackend, interval: float, nursery: trio.Nursery) -> TurnEventStream:
     from conftest import SequentialIds, make_settings
 
     settings = make_settings("http://127.0.0.1:9", heartbeat_interval=interval)
@@ -85,12 +86,14 @@ async def make_body(backend: ChannelBackend, interval: float) -> TurnEventStream
         ids=SequentialIds(),
     )
     turn = await prepare_turn(resources, parse_create_request(b'{"model":"m","input":"hi"}'), transport="sse")
-    return TurnEventStream(turn, heartbeat_interval=interval)
+    heartbeats = Heartbeats(interval)
+    await nursery.start(heartbeats.run)
+    return TurnEventStream(turn, heartbeats=heartbeats)
 
 
-async def test_heartbeats_start_before_the_backend_answers_and_repeat_each_silent_interval(autojump_clock):
+async def test_heartbeats_start_before_the_backend_answers_and_repeat_each_silent_interval(autojump_clock, nursery):
     backend = ChannelBackend()
-    body = await make_body(backend, interval=2.0)
+    body = await make_body(backend, interval=2.0, nursery=nursery)
     writes: list[tuple[float, bytes]] = []
     start = trio.current_time()
     async with body:
@@ -112,10 +115,10 @@ async def test_heartbeats_start_before_the_backend_answers_and_repeat_each_silen
     assert writes[-1][1].endswith(b"data: [DONE]\n\n")
 
 
-async def test_no_heartbeat_while_events_keep_flowing(autojump_clock):
+async def test_no_heartbeat_while_events_keep_flowing(autojump_clock, nursery):
     backend = ChannelBackend()
     backend.answer.set()
-    body = await make_body(backend, interval=2.0)
+    body = await make_body(backend, interval=2.0, nursery=nursery)
     seen: list[bytes] = []
     async with body:
         await body.head()
@@ -129,10 +132,10 @@ async def test_no_heartbeat_while_events_keep_flowing(autojump_clock):
     assert HEARTBEAT not in seen
 
 
-async def test_leaving_the_body_early_cancels_the_backend_call(autojump_clock):
+async def test_leaving_the_body_early_cancels_the_backend_call(autojump_clock, nursery):
     backend = ChannelBackend()
     backend.answer.set()
-    body = await make_body(backend, interval=5.0)
+    body = await make_body(backend, interval=5.0, nursery=nursery)
     async with body:
         await body.head()
         async for data in body:
@@ -194,13 +197,13 @@ async def test_streams_proceed_concurrently(gateway_url, backend):
     assert len(results) == 10 and all(b"response.completed" in r for r in results)
 
 
-async def test_events_already_queued_are_coalesced_into_one_write(autojump_clock):
+async def test_events_already_queued_are_coalesced_into_one_write(autojump_clock, nursery):
     backend = ChannelBackend()
     for n in range(50):
         backend.send.send_nowait(b"data: " + orjson.dumps(chunk({"content": f"t{n}"})) + b"\n\n")
     backend.send.send_nowait(b"data: [DONE]\n\n")
     backend.answer.set()
-    body = await make_body(backend, interval=5.0)
+    body = await make_body(backend, interval=5.0, nursery=nursery)
     writes: list[bytes] = []
     async with body:
         await body.head()

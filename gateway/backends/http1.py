@@ -137,7 +137,8 @@ class _Connection:
         """The next bytes, b"" at the end of the connection.
 
         Data already waiting is taken without a timer or a trip through the
-        scheduler (the caller's own channel send is the schedule point).
+        scheduler: the turn's round yields on its own terms (at least every
+        half millisecond while bytes keep coming).
         """
         if self.tls is not None:
             with trio.move_on_after(timeout) as scope:

@@ -2,11 +2,12 @@
 
 A streamed body owns the request's nursery: opened in `__aenter__` and
 closed in `__aexit__`, both in the task that runs the HTTP layer's send
-loop (never inside an async generator).  In it run two siblings linked by
-one memory channel of encoded bytes:
+loop (never inside an async generator).  In it runs the turn, linked to the
+send loop by one memory channel of encoded bytes, which the process's one
+heartbeat ticker (heartbeats.py) also feeds:
 
     the turn (backend rounds, tool calls) --bytes--> send loop (writes)
-    the heartbeat ticker                  --bytes--/
+    the process's heartbeat ticker        --bytes--/
 
 Each write coalesces what is queued.  The turn ends its stream with a
 terminal event whatever fails; only a client that leaves (cancellation
@@ -32,6 +33,7 @@ from ..streams.chat_session import ChatSession
 from ..streams.sse import encode_comment, encode_done, encode_event
 from ..turn import Turn, TurnOutcome, note_chat_chunks, run_rounds
 from ..turn.tools import RequestTools
+from .heartbeats import Heartbeats
 
 __all__ = ["SSE_HEADERS", "ChatCompletionStream", "DeferredHeadBody", "EventChannelBody", "TurnEventStream"]
 
@@ -65,55 +67,66 @@ class DeferredHeadBody(ResponseBody):
 
 
 class EventChannelBody(DeferredHeadBody):
-    """A streamed body fed by a memory channel of encoded bytes, with a heartbeat.
+    """A streamed body fed by a memory channel of encoded bytes, kept alive by the process's ticker.
 
-    Writes coalesce what is already queued; the heartbeat sends an SSE
-    comment after `interval` seconds without a write.  `produce` is the one
-    producer besides the heartbeat; it owns the sending end it is given.
+    Writes coalesce what is already queued.  `produce` is the one producer;
+    it owns the sending end it is given.  The `Heartbeats` ticker looks at
+    the body once per interval (`beat`): after `interval` seconds without a
+    write it queues a keep-alive, and a write the client has left unread
+    for the ticker's `stall_timeout` closes the stream (`stalled`; the HTTP
+    layer then drops the connection).
     """
 
-    def __init__(self, heartbeat_interval: float, telemetry: Telemetry | None = None) -> None:
-        self._interval = heartbeat_interval
+    def __init__(self, heartbeats: Heartbeats, telemetry: Telemetry | None = None) -> None:
+        self._heartbeats = heartbeats
+        self._interval = heartbeats.interval
         self._telemetry = telemetry or Telemetry()
         self._out_recv: trio.MemoryReceiveChannel[bytes] | None = None
+        self._beat_send: trio.MemorySendChannel[bytes] | None = None  # the ticker's way in
         self._last_write = 0.0
-        self._heartbeat_scope = trio.CancelScope()
-        # One scope per sibling: cancelling the nursery's own scope would also
-        # cancel the HTTP layer's send loop, which runs inside it.
+        self._handed_at: float | None = None  # a write is with the HTTP layer since then
+        # The producer's own scope: cancelling the nursery's scope would also
+        # cancel the HTTP layer's send loop, which runs inside it (done on a stall only).
         self._producer_scope = trio.CancelScope()
         self._nursery_cm: Any = None
+        self._nursery: trio.Nursery | None = None
+        self._over = False
         self.client_left = False
+        self.stalled = False
         self.first_write_at: float | None = None
 
     async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
         raise NotImplementedError
 
     async def __aenter__(self) -> EventChannelBody:
-        self._last_write = trio.current_time()
+        self._last_write = now = trio.current_time()
         self._nursery_cm = trio.open_nursery()
-        nursery = await self._nursery_cm.__aenter__()
+        self._nursery = await self._nursery_cm.__aenter__()
         out_send, self._out_recv = trio.open_memory_channel[bytes](256)
-        nursery.start_soon(self._run_heartbeat, out_send.clone())
-        nursery.start_soon(self._run_producer, out_send)
+        self._beat_send = out_send.clone()
+        self._nursery.start_soon(self._run_producer, out_send)
+        self._heartbeats.add(self, now + self._interval)
         return self
 
     def __aiter__(self) -> EventChannelBody:
         return self
 
     async def __anext__(self) -> bytes:
+        self._handed_at = None  # the HTTP layer is back for more: the last write went out
         data = await self._next_write()
         if self.first_write_at is None:
             self.first_write_at = self._last_write
+        self._handed_at = self._last_write
         return data
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc_type is not None and issubclass(exc_type, trio.Cancelled):
+        if exc_type is not None and issubclass(exc_type, trio.Cancelled) or self.stalled:
             self.client_left = True
-        # Everything useful has been sent (or the client left): stop the siblings.
+        # Everything useful has been sent (or the client left): stop the producer.
         self._producer_scope.cancel()
-        self._heartbeat_scope.cancel()
+        self._stop_beats()
         try:
             await self._nursery_cm.__aexit__(exc_type, exc, tb)
         finally:
@@ -124,13 +137,18 @@ class EventChannelBody(DeferredHeadBody):
     def closed(self) -> None:
         """Called once the body is done (sent, or the client left)."""
 
+    def _stop_beats(self) -> None:
+        self._over = True
+        if self._beat_send is not None:
+            self._beat_send.close()
+
     async def _run_producer(self, out_send: trio.MemorySendChannel[bytes]) -> None:
         async with out_send:
             with self._producer_scope:
                 try:
                     await self.produce(out_send)
                 finally:
-                    self._heartbeat_scope.cancel()
+                    self._stop_beats()  # with the producer's end closed, the writer sees the channel's end
 
     async def _next_write(self) -> bytes:
         """Everything queued, as one write; StopAsyncIteration when the producers are done."""
@@ -153,24 +171,43 @@ class EventChannelBody(DeferredHeadBody):
         """What a quiet stream is sent: an SSE comment."""
         return _COMMENT
 
-    async def _run_heartbeat(self, out_send: trio.MemorySendChannel[bytes]) -> None:
-        async with out_send:
-            with self._heartbeat_scope:
-                while True:
-                    deadline = self._last_write + self._interval
-                    if trio.current_time() >= deadline:
-                        await out_send.send(self.keep_alive())
-                        self._last_write = trio.current_time()
-                        self._telemetry.heartbeat()
-                        continue
-                    await trio.sleep_until(deadline)
+    def beat(self, now: float, stall_timeout: float) -> float | None:
+        """The ticker's look (see the class): when to look again, None once the body is over."""
+        if self._over:
+            return None
+        handed = self._handed_at
+        if handed is not None:
+            if now - handed >= stall_timeout:
+                self._stall()
+                return None
+            return min(handed + stall_timeout, now + self._interval)
+        due = self._last_write + self._interval
+        if now < due:
+            return due
+        assert self._beat_send is not None
+        try:
+            self._beat_send.send_nowait(self.keep_alive())
+        except trio.WouldBlock:
+            pass  # a full queue is on its way to the client already
+        else:
+            self._telemetry.heartbeat()
+        self._last_write = now
+        return now + self._interval
+
+    def _stall(self) -> None:
+        """The client has not read a write for the stall bound: end the stream, connection and all."""
+        log.info("closing a stream whose client stopped reading")
+        self.stalled = True
+        self._over = True
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()  # the stuck write too
 
 
 class TurnEventStream(EventChannelBody):
     """A streamed `/v1/responses` body: one turn, its events as SSE."""
 
-    def __init__(self, turn: Turn, *, heartbeat_interval: float) -> None:
-        super().__init__(heartbeat_interval, turn.resources.telemetry)
+    def __init__(self, turn: Turn, *, heartbeats: Heartbeats) -> None:
+        super().__init__(heartbeats, turn.resources.telemetry)
         self.turn = turn
         self._json_error: bytes | None = None
 
@@ -216,6 +253,7 @@ class TurnEventStream(EventChannelBody):
         outcome.client_left = self.client_left
         if self.first_write_at is not None:
             outcome.first_event_at = self.first_write_at
+            outcome.finished_at = trio.current_time()  # a stream lasts until its last write went out
         self.turn.observe()
 
 
@@ -231,7 +269,7 @@ class ChatCompletionStream(EventChannelBody):
         *,
         backend: Any,
         tools: RequestTools,
-        heartbeat_interval: float,
+        heartbeats: Heartbeats,
         call_timeout: float,
         concurrency: int,
         telemetry: Telemetry,
@@ -241,7 +279,7 @@ class ChatCompletionStream(EventChannelBody):
     ) -> None:
         """`on_close` runs once the body is done (to give back a stream slot, count tokens);
         `outcome` is timed as chunks go out."""
-        super().__init__(heartbeat_interval, telemetry)
+        super().__init__(heartbeats, telemetry)
         self._outcome = outcome
         self._on_close = on_close
         self._drain = drain or Drain()

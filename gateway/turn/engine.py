@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -193,15 +193,19 @@ async def _run_round(
             eager = _EAGER_BATCHES
             window_end = trio.current_time() + _BATCH_WINDOW
             async for batch in stream:
-                await emit(session.feed_batch(batch))
-                if session.done and not stream.saw_done:
-                    return None  # failed on a chunk: nothing more to read
-                # Batching buys throughput but must not hold tokens back: the
-                # first batches leave at once, later ones at least every window.
-                if eager or trio.current_time() >= window_end:
-                    eager = max(0, eager - 1)
-                    await trio.lowlevel.checkpoint()
-                    window_end = trio.current_time() + _BATCH_WINDOW
+                # A read that brought many chunks is worked through in growing
+                # slices, so that its first ones leave before the rest is done.
+                sliced = len(batch) > _FIRST_SLICE
+                for part in _slices(batch) if sliced else (batch,):
+                    await emit(session.feed_batch(part))
+                    if session.done and not stream.saw_done:
+                        return None  # failed on a chunk: nothing more to read
+                    # Batching buys throughput but must not hold tokens back: the
+                    # first batches leave at once, later ones at least every window.
+                    if eager or sliced or trio.current_time() >= window_end:
+                        eager = max(0, eager - 1)
+                        await trio.lowlevel.checkpoint()
+                        window_end = trio.current_time() + _BATCH_WINDOW
             await emit(session.end_of_stream())
     except GatewayError as error:
         telemetry.backend_error(error.code or "backend_error")
@@ -216,6 +220,16 @@ async def _run_round(
 # its own; it is made to, so that no token waits longer than this to be sent.
 _BATCH_WINDOW = 0.0005
 _EAGER_BATCHES = 2
+_FIRST_SLICE = 4
+
+
+def _slices(batch: list[Any]) -> Iterator[list[Any]]:
+    """`batch` in slices of 4, 8, 16, ... chunks."""
+    start, size = 0, _FIRST_SLICE
+    while start < len(batch):
+        yield batch[start : start + size]
+        start += size
+        size *= 2
 
 
 def note_chat_chunks(outcome: TurnOutcome, chunks: list[dict[str, Any]]) -> None:

@@ -1,0 +1,67 @@
+"""One ticker for every open stream of a process: keep-alives, and the bound on clients that stop reading.
+
+A task and a timer per stream cost memory and scheduler work for each of
+thousands of mostly silent streams.  Here one task owns a timer wheel:
+each stream sits in the slot of the tick at which it is next due, and a
+write does not touch the wheel at all (a stream whose slot comes up checks
+when it last wrote and, if it has written since, moves to its new slot).
+So a stream costs the wheel one look per heartbeat interval, and a
+keep-alive is one `send_nowait` onto the stream's own channel.
+
+The same look finds a client that stopped reading: a write handed to the
+HTTP layer that has not returned for `stall_timeout` seconds means the
+client's buffers are full and it does not read.  That stream is closed
+(`Beating.stall()`), so a stuck client holds at most its channel's bound of
+queued events and never grows memory without limit.
+
+The ticker is run by whoever owns the streams (the app's nursery); the
+tick is an eighth of the interval, so a quiet stream hears from the gateway
+within 1.125 intervals plus however late the loop is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import trio
+
+__all__ = ["Beating", "Heartbeats"]
+
+
+class Beating(Protocol):
+    def beat(self, now: float, stall_timeout: float) -> float | None:
+        """Send a keep-alive if due (or close a stalled stream); when to look again, None when over."""
+        ...
+
+
+class Heartbeats:
+    def __init__(self, interval: float, *, stall_timeout: float = 60.0) -> None:
+        self.interval = interval
+        self.stall_timeout = stall_timeout
+        self._period = interval / 8
+        self._wheel: dict[int, list[Beating]] = {}
+        self._tick: int | None = None  # the last tick looked at; None until running
+
+    def add(self, stream: Beating, due: float) -> None:
+        """Look at `stream` at `due` (and then whenever it says)."""
+        slot = math.ceil(due / self._period - 1e-9)
+        if self._tick is not None and slot <= self._tick:
+            slot = self._tick + 1
+        self._wheel.setdefault(slot, []).append(stream)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Tick until cancelled."""
+        period = self._period
+        self._tick = math.floor(trio.current_time() / period)
+        task_status.started()
+        while True:
+            await trio.sleep_until((self._tick + 1) * period)
+            now = trio.current_time()
+            last = math.floor(now / period + 1e-9)
+            while self._tick < last:  # every tick due, when the loop ran late
+                self._tick += 1
+                for stream in self._wheel.pop(self._tick, ()):
+                    due = stream.beat(now, self.stall_timeout)
+                    if due is not None:
+                        self.add(stream, due)
