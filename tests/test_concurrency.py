@@ -221,3 +221,26 @@ def test_framework_response_timeouts_are_off():
 
     app = create_app(make_settings("http://127.0.0.1:9"))
     assert app.config["RESPONSE_TIMEOUT"] is None
+
+
+async def test_a_finished_body_is_not_kept_alive_by_the_heartbeat_wheel(autojump_clock, nursery):
+    # The wheel drops a stream's entry only when its slot comes up, an interval
+    # later; the finished response (all its events) must not live that long.
+    import gc
+    import weakref
+
+    backend = ChannelBackend()
+    backend.answer.set()
+    body = await make_body(backend, interval=60.0, nursery=nursery)
+    wheel = body._heartbeats._wheel
+    async with body:
+        await body.head()
+        await backend.send.send(b"data: " + orjson.dumps(chunk({"content": "x"})) + b"\n\n")
+        await backend.send.send(b"data: [DONE]\n\n")
+        async for _ in body:
+            pass
+    assert sum(len(slot) for slot in wheel.values()) == 1  # its slot has not come up yet
+    finished = weakref.ref(body)
+    del body
+    gc.collect()
+    assert finished() is None

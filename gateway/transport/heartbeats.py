@@ -26,7 +26,7 @@ from typing import Protocol
 
 import trio
 
-__all__ = ["Beating", "Heartbeats"]
+__all__ = ["Beating", "Heartbeats", "Ticket"]
 
 
 class Beating(Protocol):
@@ -35,20 +35,42 @@ class Beating(Protocol):
         ...
 
 
+class Ticket:
+    """A stream's place on the wheel; `cancel` lets go of the stream at once.
+
+    The wheel drops a ticket only when its slot comes up, up to an interval
+    later: holding the stream itself that long would keep every finished
+    response (all its events) alive for an interval at any rate of requests.
+    """
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: Beating) -> None:
+        self.stream: Beating | None = stream
+
+    def cancel(self) -> None:
+        self.stream = None
+
+
 class Heartbeats:
     def __init__(self, interval: float, *, stall_timeout: float = 60.0) -> None:
         self.interval = interval
         self.stall_timeout = stall_timeout
         self._period = interval / 8
-        self._wheel: dict[int, list[Beating]] = {}
+        self._wheel: dict[int, list[Ticket]] = {}
         self._tick: int | None = None  # the last tick looked at; None until running
 
-    def add(self, stream: Beating, due: float) -> None:
-        """Look at `stream` at `due` (and then whenever it says)."""
+    def add(self, stream: Beating, due: float) -> Ticket:
+        """Look at `stream` at `due` (and then whenever it says), until the ticket is cancelled."""
+        ticket = Ticket(stream)
+        self._put(ticket, due)
+        return ticket
+
+    def _put(self, ticket: Ticket, due: float) -> None:
         slot = math.ceil(due / self._period - 1e-9)
         if self._tick is not None and slot <= self._tick:
             slot = self._tick + 1
-        self._wheel.setdefault(slot, []).append(stream)
+        self._wheel.setdefault(slot, []).append(ticket)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Tick until cancelled."""
@@ -61,7 +83,12 @@ class Heartbeats:
             last = math.floor(now / period + 1e-9)
             while self._tick < last:  # every tick due, when the loop ran late
                 self._tick += 1
-                for stream in self._wheel.pop(self._tick, ()):
+                for ticket in self._wheel.pop(self._tick, ()):
+                    stream = ticket.stream
+                    if stream is None:
+                        continue
                     due = stream.beat(now, self.stall_timeout)
-                    if due is not None:
-                        self.add(stream, due)
+                    if due is None:
+                        ticket.cancel()
+                    else:
+                        self._put(ticket, due)

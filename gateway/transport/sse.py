@@ -33,7 +33,7 @@ from ..streams.chat_session import ChatSession
 from ..streams.sse import encode_comment, encode_done, encode_event
 from ..turn import Turn, TurnOutcome, note_chat_chunks, run_rounds
 from ..turn.tools import RequestTools
-from .heartbeats import Heartbeats
+from .heartbeats import Heartbeats, Ticket
 
 __all__ = ["SSE_HEADERS", "ChatCompletionStream", "DeferredHeadBody", "EventChannelBody", "TurnEventStream"]
 
@@ -91,6 +91,8 @@ class EventChannelBody(DeferredHeadBody):
         self._nursery_cm: Any = None
         self._nursery: trio.Nursery | None = None
         self._over = False
+        self._beats_over = False
+        self._ticket: Ticket | None = None
         self.client_left = False
         self.stalled = False
         self.first_write_at: float | None = None
@@ -105,7 +107,7 @@ class EventChannelBody(DeferredHeadBody):
         out_send, self._out_recv = trio.open_memory_channel[bytes](256)
         self._beat_send = out_send.clone()
         self._nursery.start_soon(self._run_producer, out_send)
-        self._heartbeats.add(self, now + self._interval)
+        self._ticket = self._heartbeats.add(self, now + self._interval)
         return self
 
     def __aiter__(self) -> EventChannelBody:
@@ -127,6 +129,9 @@ class EventChannelBody(DeferredHeadBody):
         # Everything useful has been sent (or the client left): stop the producer.
         self._producer_scope.cancel()
         self._stop_beats()
+        self._over = True
+        if self._ticket is not None:
+            self._ticket.cancel()  # the wheel lets go of this body (and its response) now
         try:
             await self._nursery_cm.__aexit__(exc_type, exc, tb)
         finally:
@@ -138,7 +143,8 @@ class EventChannelBody(DeferredHeadBody):
         """Called once the body is done (sent, or the client left)."""
 
     def _stop_beats(self) -> None:
-        self._over = True
+        """No more keep-alives (the producer is done); the ticker still watches for a stall."""
+        self._beats_over = True
         if self._beat_send is not None:
             self._beat_send.close()
 
@@ -184,6 +190,8 @@ class EventChannelBody(DeferredHeadBody):
         due = self._last_write + self._interval
         if now < due:
             return due
+        if self._beats_over:  # the last writes are queued: only a stall is left to watch for
+            return now + self._interval
         assert self._beat_send is not None
         try:
             self._beat_send.send_nowait(self.keep_alive())
