@@ -574,3 +574,26 @@ def test_a_byte_order_mark_before_the_first_event_is_ignored():
     events = decoder.decode(b'\xef\xbb\xbfdata: {"a":1}\n\n') + decoder.flush()
 
     assert [event.data for event in events] == [b'{"a":1}']
+
+
+_SSE_LINES = st.sampled_from(
+    [b"data: {}", b"data:{}", b"data: a", b"data: b", b"data", b"data: ", b"event: x", b"event:y",
+     b": comment", b"id: 1", b"retry: 5", b"other: z", b""]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(_SSE_LINES, max_size=30), cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=8))
+def test_sse_events_do_not_depend_on_how_the_bytes_are_cut(lines, cuts):
+    # Whole frames of one `data: ` line take a shortcut; anything else is read
+    # line by line: both must give what a byte-at-a-time reading gives.
+    raw = b"".join(line + b"\n" for line in lines)
+
+    def decode(pieces: Iterable[bytes]) -> list[tuple[str | None, bytes]]:
+        sse = SSEDecoder()
+        events = [event for piece in pieces for event in sse.decode(piece)] + sse.flush()
+        return [(event.event, event.data) for event in events]
+
+    one_byte_at_a_time = decode(raw[i : i + 1] for i in range(len(raw)))
+    assert decode([raw]) == one_byte_at_a_time
+    assert decode(cut(raw, cuts)) == one_byte_at_a_time

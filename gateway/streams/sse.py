@@ -60,11 +60,29 @@ class SSEDecoder:
                 buffer = buffer[3:]
         events: list[SSEEvent] = []
         if b"\r" not in buffer:
-            # The common case (LF only): a plain split is several times faster.
-            lines = buffer.split(b"\n")
-            rest = lines.pop()
-            for line in lines:
-                self._line(line, events)
+            # The common case (LF only): a plain split is several times faster,
+            # and a whole event that is one `data: ` line needs no line parsing.
+            if self._data or self._event is not None:
+                lines = buffer.split(b"\n")  # in the middle of an event: line by line
+                rest = lines.pop()
+                for line in lines:
+                    self._line(line, events)
+            else:
+                frames = buffer.split(b"\n\n")
+                rest = frames.pop()
+                limit = self._max
+                for frame in frames:
+                    if frame[:6] == b"data: " and len(frame) < limit and frame.find(b"\n") < 0:
+                        events.append(SSEEvent(None, frame[6:]))
+                    else:
+                        for line in frame.split(b"\n"):
+                            self._line(line, events)
+                        self._dispatch(events)  # the blank line that ended the frame
+                if b"\n" in rest:  # complete lines of an event not yet ended
+                    lines = rest.split(b"\n")
+                    rest = lines.pop()
+                    for line in lines:
+                        self._line(line, events)
         else:
             start = 0
             end = len(buffer)

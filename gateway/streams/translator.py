@@ -454,6 +454,9 @@ class ResponseTranslator:
         """
         if self.done:
             return []
+        delta_event = self._plain_text_delta(chunk)
+        if delta_event is not None:
+            return [delta_event]
         events = self.start() if not self.started else []
         problem = chunk_problem(chunk)
         if problem is not None:
@@ -502,6 +505,41 @@ class ResponseTranslator:
         if finish_reason:
             self._finish_reason = finish_reason
         return events
+
+    def _plain_text_delta(self, chunk: Any) -> Event | None:
+        """The event for a chunk that only adds text to the open text part, or None.
+
+        Nearly every chunk of a stream is one: the same event `feed` makes
+        through `chunk_problem` and `_on_text`, in a few lookups.
+        """
+        message = self._message
+        if message is None or message.kind != "output_text" or self._reasoning is not None or type(chunk) is not dict:
+            return None
+        choices = chunk.get("choices")
+        if type(choices) is not list or len(choices) != 1 or chunk.get("usage") is not None:
+            return None
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("finish_reason") is not None:
+            return None
+        delta = choice.get("delta")
+        if type(delta) is not dict or not (len(delta) == 1 or (len(delta) == 2 and type(delta.get("role")) is str)):
+            return None
+        text = delta.get("content")
+        if type(text) is not str or not text:
+            return None
+        message.chunks.append(text)
+        self._output_chars += len(text)
+        seq = self._seq
+        self._seq = seq + 1
+        return {
+            "type": "response.output_text.delta",
+            "sequence_number": seq,
+            "item_id": message.id,
+            "output_index": message.index,
+            "content_index": len(message.parts),
+            "delta": text,
+            "logprobs": [],
+        }
 
     def feed_all(self, chunks: Iterable[Any]) -> list[Event]:
         events: list[Event] = []
