@@ -332,3 +332,48 @@ async def test_redis_warns_at_start_up_when_it_keeps_no_append_only_file(tmp_pat
     durable = RedisStore(await start_redis(nursery, tmp_path / "b", appendonly=True))
     assert await durable.durability_warning() is None
     await durable.aclose()
+
+
+async def test_sqlite_saves_of_one_pass_share_a_commit_and_a_failure_reaches_every_caller(tmp_path):
+    from gateway.errors import StoreUnavailable
+
+    path = tmp_path / "batched.sqlite3"
+    store = SQLiteStore(str(path))
+    conn = store._file.fast
+    assert conn is not None
+    commits = 0
+
+    def count(statement: str) -> None:
+        nonlocal commits
+        commits += statement == "COMMIT"
+
+    conn.set_trace_callback(count)
+    async with trio.open_nursery() as nursery:
+        for n in range(20):
+            nursery.start_soon(store.save, record(f"resp_b{n}", text=str(n)))
+    assert commits == 1  # twenty records, one transaction
+    for n in range(20):
+        assert (await store.load(f"resp_b{n}")).input_items[0]["content"][0]["text"] == str(n)
+
+    import sqlite3
+
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    store._file.conn.execute("PRAGMA busy_timeout = 50")
+    failures: list[str] = []
+
+    async def save(n: int) -> None:
+        try:
+            await store.save(record(f"resp_f{n}"))
+        except StoreUnavailable as exc:
+            failures.append(exc.code or "")
+
+    async with trio.open_nursery() as nursery:
+        for n in range(5):
+            nursery.start_soon(save, n)
+    assert failures == ["store_unavailable"] * 5  # none of them is told its record was kept
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    for n in range(5):
+        assert await store.load(f"resp_f{n}") is None
+    await store.aclose()
