@@ -193,9 +193,10 @@ async def _run_round(
             eager = _EAGER_BATCHES
             window_end = trio.current_time() + _BATCH_WINDOW
             async for batch in stream:
-                # A read that brought many chunks is worked through in growing
-                # slices, so that its first ones leave before the rest is done.
-                sliced = len(batch) > _FIRST_SLICE
+                # At a stream's start, a read that brought many chunks is worked
+                # through in growing slices, so that its first ones leave before
+                # the rest is done; later reads go whole (fewer, larger writes).
+                sliced = eager > 0 and len(batch) > _FIRST_SLICE
                 for part in _slices(batch) if sliced else (batch,):
                     await emit(session.feed_batch(part))
                     if session.done and not stream.saw_done:

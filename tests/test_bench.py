@@ -1,0 +1,43 @@
+"""`just bench`'s own logic: the profile's layers and where the processes run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gateway.lab.bench import Placement, profile_layers
+
+RAW = """\
+<module> (gateway/__main__.py:4);main (gateway/cli.py:80);run (trio/_core/_run.py:2532);unrolled_run (trio/_core/_run.py:2866);get_events (trio/_core/_io_epoll.py:243) 30
+<module> (gateway/__main__.py:4);_run_round (gateway/turn/engine.py:195);__anext__ (gateway/backends/openai.py:100);receive (gateway/backends/http1.py:151) 20
+<module> (gateway/__main__.py:4);_run_round (gateway/turn/engine.py:195);feed (gateway/streams/translator.py:490);_event (gateway/streams/translator.py:712) 25
+<module> (gateway/__main__.py:4);emit (gateway/transport/sse.py:180);encode_event (gateway/streams/sse.py:129) 5
+<module> (gateway/__main__.py:4);_next_write (gateway/transport/sse.py:140);send (trio/_channel.py:200) 10
+<module> (gateway/__main__.py:4);save (gateway/store/sqlite.py:135);_write (gateway/store/sqlite.py:144) 10
+"""
+
+
+def test_profile_samples_are_grouped_by_the_layer_that_spent_them():
+    layers = profile_layers(RAW)
+    assert layers == pytest.approx(
+        {
+            "trio's scheduler and I/O polling": 0.30,
+            "upstream read (httptools, SSE and JSON decoding)": 0.20,
+            "translation (translator, session, turn)": 0.25,
+            "event encoding (orjson, SSE frames)": 0.05,
+            "client write (body loop, quart, hypercorn, h11)": 0.10,  # trio's channel, on the writer's account
+            "store (record, SQLite)": 0.10,
+        }
+    )
+    assert abs(sum(layers.values()) - 1.0) < 1e-9
+
+
+def test_the_tools_and_the_gateway_get_cores_of_their_own_when_there_are_two():
+    placement = Placement.of_this_machine()
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) >= 2:
+        assert placement.tools == {cores[0]} and placement.gateway == set(cores[1:])
+        assert "pinned" in placement.describe() and "not pinned" not in placement.describe()
+    else:
+        assert placement.tools is None and "not pinned" in placement.describe()
