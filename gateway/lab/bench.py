@@ -76,8 +76,7 @@ class Placement:
 
     @classmethod
     def of_this_machine(cls) -> Placement:
-        getaffinity = getattr(os, "sched_getaffinity", None)
-        cores = sorted(getaffinity(0)) if getaffinity is not None else []
+        cores = _cores()
         if len(cores) < 2:
             return cls(None, None)
         return cls({cores[0]}, set(cores[1:]))
@@ -94,6 +93,12 @@ class Placement:
 
 
 PLACEMENT = Placement(None, None)  # set by run_bench
+
+
+def _cores() -> list[int]:
+    """The cores this process may run on (empty where the system does not say)."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    return sorted(getaffinity(0)) if getaffinity is not None else []
 
 
 @contextlib.asynccontextmanager
@@ -290,14 +295,16 @@ async def run_bench(
                 [gw2_proc.pid],
             )
             scale = two.throughput_rps / single if single else 0.0
+            # Two workers need a core each beside the load tools' one.
+            free_core = len(_cores()) >= 3
             bench.row(
                 "gateway serve --workers 2, c=50",
                 "responses/s",
                 f"{two.throughput_rps:.1f}",
                 f"{single:.1f} (1 worker)",
                 f"{scale:.2f}",
-                "≥ 1.6",
-                _met(scale >= 1.6),
+                "≥ 1.6" if free_core else "≥ 1.6 with a free core",
+                _met(scale >= 1.6) if free_core else f"n/a: {len(_cores())} cores, no free core for a 2nd worker",
             )
 
     await _shared_service_scenario(bench)
