@@ -14,13 +14,12 @@ import ipaddress
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 import trio
 from quart import Response, has_websocket_context, request, websocket
-from quart.utils import encode_headers
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -29,7 +28,7 @@ from . import web
 from .backends import Backend, OpenAICompatibleBackend
 from .config import Settings
 from .drain import Drain
-from .edge import Edge
+from .edge import Edge, respond_error
 from .errors import (
     BackendStreamError,
     GatewayError,
@@ -54,6 +53,7 @@ from .store.observed import ObservedStore
 from .streams.chat_session import ChatSession, collect_chat_completion
 from .streams.sse import encode_done, encode_event, event_json
 from .streams.translator import random_id
+from .transport import asgi as asgi_transport
 from .transport.background import BackgroundRunner
 from .transport.heartbeats import Heartbeats
 from .transport.sse import ChatCompletionStream, DeferredHeadBody, EventChannelBody, TurnEventStream
@@ -72,17 +72,7 @@ class _GatewayHTTPConnection(TrioASGIHTTPConnection):
         if not isinstance(body, DeferredHeadBody):
             await super()._send_response(send, response)
             return
-        async with body:
-            status, headers = await body.head()
-            response.status_code = status
-            for name, value in headers.items():
-                response.headers[name] = value
-            await send({"type": "http.response.start", "status": status, "headers": encode_headers(response.headers)})
-            async for data in body:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-        if isinstance(body, EventChannelBody) and body.stalled:
-            return  # the client stopped reading: the server closes the unfinished response's connection
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await asgi_transport.send_body(body, send)
 
 
 class GatewayApp(QuartTrio):
@@ -98,6 +88,8 @@ class GatewayApp(QuartTrio):
     drain: Drain
     heartbeats: Heartbeats
     mcp: ToolSource | None = None
+    # The hot route (see gateway.transport.asgi), set by create_app.
+    streamed_response: Callable[[Any, Any, Any], Awaitable[None]] | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         # Every connection passes the edge (gateway.edge), however the app is
@@ -105,7 +97,7 @@ class GatewayApp(QuartTrio):
         edge = self.extensions.get("gateway.edge")
         if edge is None:  # made on first use: `settings` is set after construction
             edge = self.extensions["gateway.edge"] = Edge(
-                self.asgi_app,
+                self._route,
                 max_websockets=self.settings.websocket_max_connections,
                 telemetry=self.telemetry,
                 authenticate=self.authenticate,
@@ -114,6 +106,14 @@ class GatewayApp(QuartTrio):
                 metrics_token=bool(self.settings.metrics_token),
             )
         await edge(scope, receive, send)
+
+    async def _route(self, scope: Any, receive: Any, send: Any) -> None:
+        """Streamed responses take the hot route; everything else is Quart's."""
+        hot = self.streamed_response
+        if hot is not None and scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path") in _HOT_PATHS:
+            await hot(scope, receive, send)
+        else:
+            await self.asgi_app(scope, receive, send)
 
     async def serving(self, binds: list[str]) -> None:
         """Told by the serve loop where it listens: warn when that is open to a network without keys."""
@@ -141,6 +141,9 @@ class GatewayApp(QuartTrio):
         state = scope.setdefault("gateway", {})
         state["caller"], state["key_name"] = caller, caller.name
         await self.limiter.admit_request(caller)
+
+
+_HOT_PATHS = frozenset({"/v1/responses", "/responses"})
 
 
 def _loopback(bind: str) -> bool:
@@ -389,6 +392,46 @@ def create_app(
         return await _respond(
             validate_create_request({**carried, "previous_response_id": response_id, "input": items, "stream": stream})
         )
+
+    async def _streamed_response(scope: Any, receive: Any, send: Any) -> None:
+        """`POST /v1/responses` with `"stream": true`, beside Quart (see gateway.transport.asgi);
+        any other request to the path is handed to Quart whole."""
+        messages, raw = await asgi_transport.read_body(
+            receive, settings.max_request_body_bytes, app.config["BODY_TIMEOUT"]
+        )
+        req = None
+        if raw is not None:
+            headers = dict(scope.get("headers", ()))
+            try:
+                encoding = headers.get(b"content-encoding", b"").decode("latin-1").strip().lower()
+                body = raw if encoding in ("", "identity") else web.decompress(raw, encoding, settings.max_request_body_bytes)
+                req = parse_create_request(body)
+            except GatewayError:
+                req = None  # Quart answers it, as for any request
+        if req is None or not req.stream or req.background:
+            replayed: Any = asgi_transport.replay(messages, receive)
+            await app.asgi_app(scope, replayed, send)
+            return
+        notes = scope.get("gateway") or {}
+        caller = notes.get("caller", ANONYMOUS)
+        try:
+            turn = await prepare_turn(
+                app.resources,
+                req,
+                transport="sse",
+                caller=caller if isinstance(caller, Caller) else ANONYMOUS,
+                gateway_tools=gateway_tools_enabled(
+                    (req.model_extra or {}).get("gateway_tools"),
+                    headers.get(b"x-gateway-tools", b"").decode("latin-1"),
+                ),
+                request_id=notes.get("request_id"),
+            )
+        except GatewayError as error:
+            await respond_error(send, error)
+            return
+        await asgi_transport.stream(TurnEventStream(turn, heartbeats=app.heartbeats), receive, send)
+
+    app.streamed_response = _streamed_response
 
     async def _respond(req: CreateResponseRequest) -> Response:
         transport = "background" if req.background else "sse" if req.stream else "json"

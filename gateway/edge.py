@@ -36,7 +36,7 @@ import trio
 from .errors import GatewayError, InternalError, InvalidRequest, RateLimited, ShuttingDown, error_json
 from .observe import Telemetry, route_of
 
-__all__ = ["Edge", "TooManyWebSockets", "is_failure"]
+__all__ = ["Edge", "TooManyWebSockets", "is_failure", "respond_error"]
 
 log = logging.getLogger("gateway.edge")
 
@@ -132,14 +132,14 @@ class Edge:
             # The body is read first: answering while the server is still
             # parsing the request races its own handling of what follows.
             await _drain(receive)
-            await _respond(send, refusal, close=True)
+            await respond_error(send, refusal, close=True)
             return
         path = scope.get("path", "")
         if path not in self._open_paths:
             refusal = await self._admit(scope)
             if refusal is not None:
                 await _drain(receive)
-                await _respond(send, refusal, close=isinstance(refusal, ShuttingDown))
+                await respond_error(send, refusal, close=isinstance(refusal, ShuttingDown))
                 return
         started = False
 
@@ -170,7 +170,7 @@ class Edge:
             _log_failure(scope, exc)
             if not started:
                 try:
-                    await _respond(send, InternalError("The gateway failed to process the request."), close=False)
+                    await respond_error(send, InternalError("The gateway failed to process the request."), close=False)
                 except Exception:  # the server itself refused: the connection is already lost
                     pass
             # After the status line nothing more can be said: the connection is ended unfinished.
@@ -322,7 +322,8 @@ async def _drain(receive: Receive, limit: int = 1 << 20) -> None:
             seen += len(message.get("body", b""))
 
 
-async def _respond(send: Send, error: GatewayError, *, close: bool) -> None:
+async def respond_error(send: Send, error: GatewayError, *, close: bool = False) -> None:
+    """An error as a whole JSON response in OpenAI's shape (`close`: end the connection after it)."""
     body = error_json(error)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if isinstance(error, RateLimited):

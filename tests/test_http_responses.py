@@ -306,3 +306,29 @@ async def test_usage_is_always_present_even_when_the_backend_reports_none(gatewa
     usage = final["usage"]
     assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+async def test_streamed_requests_are_answered_like_any_other(start_gateway, client, backend):
+    # "stream": true takes the hot route beside Quart; what it does not serve whole
+    # (bad or oversized bodies, JSON and background responses) goes to Quart, body and all.
+    import zstandard
+
+    url = await start_gateway(max_request_body_bytes=4096)
+    packed = zstandard.ZstdCompressor().compress(orjson.dumps({"model": "text", "input": "hi", "stream": True}))
+    r = await client.post(url + "/v1/responses", content=packed, headers={"content-type": "application/json", "content-encoding": "zstd"})
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert r.headers["cache-control"] == "no-cache" and r.headers["x-accel-buffering"] == "no"
+    assert r.headers["x-request-id"]
+    check_stream(parse_sse(r.content))
+
+    too_big = await client.post(url + "/v1/responses", json={"model": "text", "input": "x" * 5000, "stream": True})
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
+    bad = await client.post(url + "/v1/responses", content=b'{"model": "text", "stream": true, "input": ', headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    unknown = await client.post(url + "/v1/responses", json={"model": "text", "input": "hi", "stream": True, "previous_response_id": "resp_nope"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "previous_response_id"
+    plain = await client.post(url + "/v1/responses", json={"model": "text", "input": "hi"})
+    assert plain.status_code == 200 and plain.json()["status"] == "completed"
+    background = await client.post(url + "/v1/responses", json={"model": "text", "input": "hi", "stream": True, "background": True})
+    assert background.status_code == 200 and b"response.completed" in background.content

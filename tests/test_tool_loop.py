@@ -188,3 +188,15 @@ async def test_required_applies_to_the_gateways_tools_and_is_lifted_after_the_fo
     first, second = backend.chat_requests[-2:]
     assert first["tool_choice"] == "required"  # only the gateway's tools to choose from: one must be called
     assert second["tool_choice"] == "auto"  # forcing again would loop until the round limit
+
+
+async def test_a_streamed_request_opts_out_by_header_too(tools_gateway, client, backend):
+    # Streamed requests take the hot route beside Quart: it reads the header itself.
+    tools, start = tools_gateway
+    url = await start()
+    await client.post(url + "/v1/responses", json={"model": "text", "input": "x", "stream": True})
+    assert "tools" in backend.chat_requests[-1]
+    await client.post(
+        url + "/v1/responses", json={"model": "text", "input": "x", "stream": True}, headers={"x-gateway-tools": "none"}
+    )
+    assert "tools" not in backend.chat_requests[-1]
