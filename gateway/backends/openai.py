@@ -43,6 +43,11 @@ _DROP_RESPONSE_HEADERS = frozenset(
 )
 
 
+# A large read is decoded in steps of 1, 4 and 16 KiB (about 5, 20 and 80 chunks of text).
+_FIRST_STEP = 1024
+_LAST_STEP = 64 * 1024
+
+
 class ChatStream:
     """A successful streaming chat completion, as batches of decoded chunks.
 
@@ -74,6 +79,8 @@ class ChatStream:
         self._dry_since: float | None = trio.current_time()  # since when reads have made no chunk
         self._pending_error: GatewayError | None = None
         self._ended = False
+        self._held = b""  # the rest of a large early read, decoded at the next step
+        self._step = _FIRST_STEP
 
     @property
     def saw_done(self) -> bool:
@@ -100,7 +107,17 @@ class ChatStream:
             # same length); bytes that make no chunk are caught by the clock
             # check below, without a cancel scope per read.
             try:
-                data = await self._chunks.__anext__()
+                if self._held:
+                    data, self._held = self._held, b""
+                else:
+                    data = await self._chunks.__anext__()
+                if len(data) > self._step and self._step < _LAST_STEP:
+                    # One read can bring hundreds of chunks (a fast backend, a
+                    # stream's start): decoding them all would hold the first
+                    # tokens back, so the first such reads are taken in growing
+                    # steps (the decoder takes any cut); later ones go whole.
+                    data, self._held = data[: self._step], data[self._step :]
+                    self._step *= 4
             except StopAsyncIteration:
                 self._ended = True
                 batch = decoder.decode(self._redact.flush()) + decoder.flush()
