@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from gateway.lab.bench import Placement, profile_layers
@@ -33,11 +31,13 @@ def test_profile_samples_are_grouped_by_the_layer_that_spent_them():
     assert abs(sum(layers.values()) - 1.0) < 1e-9
 
 
-def test_the_tools_and_the_gateway_get_cores_of_their_own_when_there_are_two():
-    placement = Placement.of_this_machine()
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(cores) >= 2:
-        assert placement.tools == {cores[0]} and placement.gateway == set(cores[1:])
-        assert "pinned" in placement.describe() and "not pinned" not in placement.describe()
-    else:
-        assert placement.tools is None and "not pinned" in placement.describe()
+def test_the_tools_and_the_gateway_get_cores_of_their_own_from_three_cores_up():
+    spacious = Placement.for_cores([0, 1, 2, 3])
+    assert spacious.tools == {0} and spacious.gateway == {1, 2, 3} and spacious.cores == 4
+    assert "pinned to core [0]" in spacious.describe()
+    # On two cores the simulator and the load generator need more than one between them.
+    for cores in ([0, 1], [5]):
+        placement = Placement.for_cores(cores)
+        assert placement.tools is None and placement.gateway is None and placement.cores == len(cores)
+        assert placement.describe().startswith("not pinned") and "cores" in placement.describe()
+    assert "no CPU affinity" in Placement.for_cores([]).describe()
