@@ -25,6 +25,7 @@ from gateway.lab.loadtest import (
     ChunkedDecoder,
     LoadConfig,
     ProcessSampler,
+    RequestResult,
     add_arguments,
     main,
     render_html,
@@ -423,7 +424,7 @@ async def test_main_prints_a_summary_and_writes_json_and_html(
 ) -> None:
     json_path, html_path = tmp_path / "report.json", tmp_path / "report.html"
     args = parse_args(
-        "--url", server.url, "--requests", "4", "--concurrency", "2", "--header", "X-Test: yes",
+        "--url", server.url, "--requests", "4", "--concurrency", "2", "--header", "Authorization: Bearer sk-secret-123",
         "--json", str(json_path), "--html", str(html_path), "--json-requests",
     )  # fmt: skip
     with trio.fail_after(10):
@@ -436,7 +437,12 @@ async def test_main_prints_a_summary_and_writes_json_and_html(
     assert data["total_latency_ms"]["count"] == 4
     assert len(data["requests"]) == 4 and len(data["requests"][0]["gaps"]) == RESPONSES_EVENTS - 1
     page = html_path.read_text()
-    assert page.startswith("<!doctype html>") and page.count("<svg") == 2
+    # first event, total latency, the timeline, the longest silences
+    assert page.startswith("<!doctype html>") and page.count("<svg") == 4
+    assert "concurrency=2" in page and "Python " in page and time.strftime("%Y-%m-%d") in page
+    assert data["machine"] and data["machine"] in page
+    assert "sk-secret-123" not in page and "sk-secret-123" not in json_path.read_text()  # header names only
+    assert data["config"]["headers"] == ["Authorization"]
     assert "http://" not in page.replace(server.url, "").replace("http://www.w3.org/2000/svg", "")
     assert "4 ok, 0 failed" in capsys.readouterr().out
 
@@ -460,6 +466,21 @@ def test_the_html_report_renders_an_empty_run() -> None:
     )
     assert "<svg" in render_html(report)
     assert orjson.loads(report.to_json())["requests_completed"] == 0
+
+
+def test_the_timeline_shows_when_requests_ended_and_which_failed() -> None:
+    config = LoadConfig(url="http://127.0.0.1:1")
+    results = [
+        RequestResult(started=0.2, status=200, total=0.5, events=3),
+        RequestResult(started=1.1, status=200, total=0.3, events=3),
+        RequestResult(started=2.0, status=500, error="http_500", longest_silence=0.1),
+    ]
+    report = loadtest._aggregate(config, results, loadtest._Counters(), 0.0, 3.0, 0.0, None)
+    page = render_html(report)
+    timeline = page[page.index("Throughput and errors over time") :]
+    timeline = timeline[: timeline.index("</svg>")]
+    assert timeline.count("fill='#d62728'") == 1  # the failure, in the third second
+    assert timeline.count("<rect") == 3
 
 
 def test_the_module_exports_its_api() -> None:

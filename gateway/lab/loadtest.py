@@ -2,7 +2,7 @@
 
 This module owns the load generator: a minimal HTTP/1.1 client on trio sockets, the per-request
 measurements (`RequestResult`), their aggregation (`LoadReport`), the sampling of the server's
-CPU time and RSS from /proc (`ProcessSampler`), and the text, JSON and HTML outputs.
+CPU time and RSS (through psutil: `ProcessSampler`), and the text, JSON and HTML outputs.
 
 It runs on the same small machine as the server under test, so its own cost per stream must be
 tiny; that decides its shape:
@@ -43,6 +43,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import orjson
+import psutil
 import trio
 
 __all__ = [
@@ -560,6 +561,7 @@ class LoadReport:
     loader_cpu_seconds: float
     loader_cpu_per_response_ms: float | None
     server: ServerUsage | None
+    machine: str = ""  # where the run was made: CPU, cores, OS, Python
     requests: list[RequestResult] = field(default_factory=list, repr=False)
 
     def to_json(self, *, include_requests: bool = False) -> str:
@@ -568,6 +570,20 @@ class LoadReport:
         if include_requests:
             data["requests"] = self.requests
         return orjson.dumps(data, default=_json_default, option=orjson.OPT_INDENT_2).decode()
+
+
+def describe_machine() -> str:
+    """This machine in a line: CPU model, cores, OS and Python."""
+    import platform
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            model = next((line.split(":", 1)[1].strip() for line in file if line.startswith("model name")), model)
+    except OSError:
+        pass
+    cores = psutil.cpu_count(logical=True) or os.cpu_count() or 1
+    return f"{model}, {cores} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
 
 
 def _json_default(value: object) -> object:
@@ -950,29 +966,21 @@ def _decoder_for(status: int, headers: dict[bytes, bytes]) -> _BodyDecoder | Non
 # Server process sampling
 
 
-def _clock_ticks() -> int:
-    return os.sysconf("SC_CLK_TCK")
-
-
 class ProcessSampler:
-    """CPU time (user+sys) and summed RSS of some processes and their descendants, from /proc.
+    """CPU time (user+sys) and summed RSS of some processes and their descendants (psutil).
 
-    Children are found through ``/proc/<pid>/task/*/children`` when the kernel provides it
-    (CONFIG_PROC_CHILDREN), else by scanning ``/proc/*/stat`` for parent pids at most once a
-    second. A process first seen after the first sample was born during the run, so all its
-    CPU time counts; processes that exit keep their last observed time. Linux only.
+    A process first seen after the first sample was born during the run, so
+    all its CPU time counts; processes that exit keep their last observed
+    time; a pid reused by another process counts as a new process.  Works
+    wherever psutil does (Linux, macOS, Windows, the BSDs).
     """
 
     def __init__(self, pids: Sequence[int]) -> None:
         self.pids = list(pids)
-        self._tick = 1.0 / _clock_ticks()
-        # (pid, starttime) identifies a process across pid reuse.
-        self._baseline: dict[tuple[int, int], float] = {}
-        self._latest: dict[tuple[int, int], float] = {}
-        self._known: set[int] = set(self.pids)
-        self._children_files: bool | None = None
-        self._last_scan = -math.inf
-        self._first_sample_ticks: int | None = None
+        # (pid, create_time) identifies a process across pid reuse.
+        self._baseline: dict[tuple[int, float], float] = {}
+        self._latest: dict[tuple[int, float], float] = {}
+        self._started: float | None = None  # wall time of the first sample
         self.samples = 0
         self.rss_start_bytes = 0
         self.rss_peak_bytes = 0
@@ -987,25 +995,23 @@ class ProcessSampler:
 
     def sample(self) -> None:
         """Read every process once; cheap enough to call from the event loop."""
-        self._discover()
         rss = 0
-        for pid in list(self._known):
-            stat = _read_stat(pid)
-            if stat is None:
-                if pid not in self.pids:
-                    self._known.discard(pid)
+        for process in self._processes():
+            try:
+                with process.oneshot():
+                    key = (process.pid, process.create_time())
+                    times = process.cpu_times()
+                    memory = process.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            starttime, cpu_ticks = stat
-            key = (pid, starttime)
+            cpu = times.user + times.system
             if key not in self._baseline:
-                born_during_run = (
-                    self._first_sample_ticks is not None and starttime > self._first_sample_ticks
-                )
-                self._baseline[key] = 0.0 if born_during_run else cpu_ticks * self._tick
-            self._latest[key] = cpu_ticks * self._tick
-            rss += _read_rss(pid)
-        if self._first_sample_ticks is None:
-            self._first_sample_ticks = _uptime_ticks()
+                born_during_run = self._started is not None and key[1] > self._started
+                self._baseline[key] = 0.0 if born_during_run else cpu
+            self._latest[key] = cpu
+            rss += memory
+        if self._started is None:
+            self._started = time.time()
             self.rss_start_bytes = rss
         self.rss_peak_bytes = max(self.rss_peak_bytes, rss)
         self.samples += 1
@@ -1016,92 +1022,17 @@ class ProcessSampler:
             await trio.sleep(interval)
             self.sample()
 
-    def _discover(self) -> None:
-        if self._children_files is None:
-            self._children_files = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
-        if self._children_files:
-            pending = list(self.pids)
-            found: set[int] = set()
-            while pending:
-                pid = pending.pop()
-                if pid in found:
-                    continue
-                found.add(pid)
-                pending.extend(_children_of(pid))
-            self._known |= found
-            return
-        now = time.monotonic()
-        if now - self._last_scan < 1.0:
-            return
-        self._last_scan = now
-        parents: dict[int, list[int]] = {}
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                ppid = _read_ppid(int(name))
-                if ppid is not None:
-                    parents.setdefault(ppid, []).append(int(name))
-        pending = list(self.pids)
-        while pending:
-            pid = pending.pop()
-            self._known.add(pid)
-            pending.extend(child for child in parents.get(pid, ()) if child not in self._known)
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path, "rb") as file:
-            return file.read().decode("ascii", "replace")
-    except OSError:
-        return None
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    text = _read_text(f"/proc/{pid}/stat")
-    if text is None:
-        return None
-    # The command name (field 2) may contain spaces and parentheses; it ends at the last ')'.
-    return text[text.rfind(")") + 2 :].split()
-
-
-def _read_stat(pid: int) -> tuple[int, int] | None:
-    """(starttime, utime + stime), both in clock ticks."""
-    fields = _stat_fields(pid)
-    if fields is None or len(fields) < 20:
-        return None
-    return int(fields[19]), int(fields[11]) + int(fields[12])
-
-
-def _read_ppid(pid: int) -> int | None:
-    fields = _stat_fields(pid)
-    return int(fields[1]) if fields and len(fields) > 1 else None
-
-
-def _read_rss(pid: int) -> int:
-    text = _read_text(f"/proc/{pid}/status")
-    if text is None:
-        return 0
-    at = text.find("VmRSS:")
-    if at < 0:
-        return 0  # kernel threads and zombies have no VmRSS
-    return int(text[at + 6 : text.index("kB", at)]) * 1024
-
-
-def _children_of(pid: int) -> list[int]:
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    children: list[int] = []
-    for tid in tids:
-        text = _read_text(f"/proc/{pid}/task/{tid}/children")
-        if text:
-            children.extend(int(child) for child in text.split())
-    return children
-
-
-def _uptime_ticks() -> int:
-    text = _read_text("/proc/uptime") or "0"
-    return int(float(text.split()[0]) * _clock_ticks())
+    def _processes(self) -> list[psutil.Process]:
+        found: dict[int, psutil.Process] = {}
+        for pid in self.pids:
+            try:
+                root = psutil.Process(pid)
+                family = [root, *root.children(recursive=True)]
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            for process in family:
+                found.setdefault(process.pid, process)
+        return list(found.values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1284,9 +1215,10 @@ def _aggregate(
         if r.error is not None and r.error not in examples:
             examples[r.error] = r.error_detail
     config_data = asdict(config)
-    config_data["headers"] = [f"{name}: {value}" for name, value in config.headers]
+    config_data["headers"] = [name for name, _ in config.headers]  # names only: values may be keys
     config_data["path"] = _target(config).path
     return LoadReport(
+        machine=describe_machine(),
         config=config_data,
         started_at=started_at,
         wall_seconds=round(wall, 6),
@@ -1380,6 +1312,7 @@ def _mib(value: int) -> str:
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px}
+.meta{color:#555}
 table{border-collapse:collapse}td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}
 td:first-child,th:first-child{text-align:left}
 svg{background:#fafafa;border:1px solid #ddd}
@@ -1391,7 +1324,9 @@ _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")
 
 
 def render_html(report: LoadReport) -> str:
-    """A self-contained page: summary table, latency CDFs and longest silences, as inline SVG."""
+    """A self-contained page: when, where and with which settings; the summary; time to first
+    event and total latency in panels of their own; requests ended per second with the failed in
+    red; the longest silences.  Inline SVG, nothing fetched."""
     ok = [r for r in report.requests if r.error is None]
     esc = html.escape
     c = report.config
@@ -1425,11 +1360,15 @@ def render_html(report: LoadReport) -> str:
             ("inter-event gap", report.inter_event_gap_ms),
         )
     )
-    cdf = _svg_cdf(
-        [
-            ("time to first event", [r.time_to_first_event * 1000 for r in ok if r.time_to_first_event is not None]),
-            ("total latency", [r.total * 1000 for r in ok if r.total is not None]),
-        ]
+    # One panel each: a first event in milliseconds and a total in seconds do not share a scale.
+    first_cdf = _svg_cdf(
+        [("time to first event", [r.time_to_first_event * 1000 for r in ok if r.time_to_first_event is not None])]
+    )
+    total_cdf = _svg_cdf([("total latency", [r.total * 1000 for r in ok if r.total is not None])])
+    timeline = _svg_timeline(report.requests, report.wall_seconds)
+    when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report.started_at))
+    settings = ", ".join(
+        f"{key}={value}" for key, value in c.items() if key not in ("url", "path", "api", "model", "input") and value not in (None, [], ())
     )
     silences = [
         (r.longest_silence * 1000, r.error is not None)
@@ -1440,10 +1379,14 @@ def render_html(report: LoadReport) -> str:
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>gateway loadtest</title>"
         f"<style>{_CSS}</style></head><body>"
-        f"<h1>gateway loadtest</h1><table>{summary}</table>"
+        f"<h1>gateway loadtest</h1><p class='meta'>{esc(when)} &middot; {esc(report.machine)}<br>"
+        f"settings: {esc(settings)}</p><table>{summary}</table>"
         "<h2>Latency (ms, successful requests)</h2><table><tr><th></th><th>n</th><th>p50</th>"
         f"<th>p90</th><th>p99</th><th>max</th></tr>{dist_rows}</table>"
-        f"<h2>Cumulative distribution</h2>{cdf}"
+        f"<h2>Time to first event (cumulative)</h2>{first_cdf}"
+        f"<h2>Total latency (cumulative)</h2>{total_cdf}"
+        "<h2>Throughput and errors over time (requests ended per second; failed in red)</h2>"
+        f"{timeline}"
         "<h2>Longest silence per request (ms, in start order; failed requests in red)</h2>"
         f"{bars}</body></html>"
     )
@@ -1521,6 +1464,31 @@ def _svg_cdf(series: list[tuple[str, list[float]]], width: int = 900, height: in
         legend_x = plot.left + 260 * index
         parts.append(f"<rect x='{legend_x}' y='8' width='12' height='10' fill='{color}'/>")
         parts.append(f"<text x='{legend_x + 18}' y='17'>{html.escape(label)} (n={n})</text>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _svg_timeline(requests: Sequence[RequestResult], wall: float, width: int = 900, height: int = 260) -> str:
+    """Requests that ended in each second of the run, completed stacked under failed."""
+    seconds = max(1, math.ceil(wall))
+    done, failed = [0] * seconds, [0] * seconds
+    for r in requests:
+        ended = r.started + (r.total if r.total is not None else r.longest_silence or 0.0)
+        second = min(seconds - 1, max(0, int(ended)))
+        (done if r.error is None else failed)[second] += 1
+    y_max, y_step = _nice_scale(float(max((a + b for a, b in zip(done, failed)), default=0)), 5)
+    x_max, x_step = _nice_scale(float(seconds), 8)
+    plot = _Plot(width, height, x_max, y_max)
+    parts = plot.axes(x_step, y_step, lambda v: f"{v:g}", "seconds into the run")
+    bar_w = max(plot.plot_w / x_max * 0.85, 0.5)
+    for second, (ok_count, failed_count) in enumerate(zip(done, failed)):
+        x = plot.x(second)
+        for low, high, color in ((0, ok_count, _COLORS[0]), (ok_count, ok_count + failed_count, "#d62728")):
+            if high > low:
+                parts.append(
+                    f"<rect x='{x:.2f}' y='{plot.y(high):.2f}' width='{bar_w:.2f}' "
+                    f"height='{plot.y(low) - plot.y(high):.2f}' fill='{color}'/>"
+                )
     parts.append("</svg>")
     return "".join(parts)
 
