@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import html
 import itertools
 import os
+import platform
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import psutil
 import pytest
 import trio
 from hypercorn.config import Config
@@ -150,6 +154,7 @@ async def test_a_responses_stream_is_measured_event_by_event(server: ScriptedSSE
     assert report.throughput_rps > 0
     for result in report.requests:
         assert result.ok and result.saw_done and result.heartbeats == 1
+        assert 0 <= result.started < result.ended <= report.wall_seconds
         assert result.time_to_first_byte is not None
         assert result.time_to_first_event is not None
         assert result.time_to_first_text is not None
@@ -214,6 +219,7 @@ async def test_a_stalled_stream_times_out_and_its_silence_is_recorded(server: Sc
     assert report.errors == {"timeout": 1}
     [result] = report.requests
     assert result.events == 1
+    assert result.ended - result.started >= 0.3  # it ended at the timeout
     assert result.longest_silence is not None and result.longest_silence > 0
     assert report.longest_silence_max_ms is not None and report.longest_silence_max_ms > 0
 
@@ -364,13 +370,38 @@ def test_chat_frames_without_text_do_not_count_as_text() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Server usage from /proc
+# Server usage, through psutil
 
 
 def burn_cpu(seconds: float) -> None:
     start = time.process_time()
     while time.process_time() - start < seconds:
         sum(range(1000))
+
+
+# Burns 0.3 s of CPU for each line it reads, then prints its CPU time; exits at end of input.
+BUSY_CHILD = """
+import sys, time
+while sys.stdin.readline():
+    start = time.process_time()
+    while time.process_time() - start < 0.3:
+        sum(range(1000))
+    print(time.process_time(), flush=True)
+"""
+
+
+def burn_in_child(child: subprocess.Popen[bytes]) -> float:
+    """Ask the child for one burn and wait until it says it is done (no sleep decides)."""
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(b"burn\n")
+    child.stdin.flush()
+    line = child.stdout.readline()
+    assert line, "the busy child exited early"
+    return float(line)
+
+
+def spawn_busy_child() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", BUSY_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
 
 def test_sampling_the_own_process_reports_cpu_time_and_rss() -> None:
@@ -382,6 +413,44 @@ def test_sampling_the_own_process_reports_cpu_time_and_rss() -> None:
     assert sampler.cpu_seconds > 0
     assert sampler.rss_start_bytes > 0 and sampler.rss_peak_bytes >= sampler.rss_start_bytes
     assert sampler.samples == 2
+
+
+def test_a_child_born_after_the_first_sample_counts_all_its_cpu_time_and_keeps_it_after_exiting() -> None:
+    sampler = ProcessSampler([os.getpid()])  # the child's pid is never given
+    own_start = time.process_time()
+    sampler.sample()
+    child = spawn_busy_child()
+    try:
+        child_cpu = burn_in_child(child)
+        sampler.sample()
+        own = time.process_time() - own_start
+        assert sampler.processes_seen >= 2
+        assert sampler.rss_peak_bytes > 0
+        # Its burn and its interpreter's start-up; psutil reads whole clock ticks.
+        assert sampler.cpu_seconds - own >= min(child_cpu, 0.3) - 0.05
+        while_alive = sampler.cpu_seconds
+    finally:
+        child.communicate(b"")  # end of input: the child exits and is reaped
+    assert child.returncode == 0
+    sampler.sample()
+
+    assert sampler.cpu_seconds >= while_alive  # an exited process keeps its last observed time
+
+
+def test_a_child_present_at_the_first_sample_counts_only_its_cpu_time_since() -> None:
+    child = spawn_busy_child()
+    try:
+        burn_in_child(child)  # before the run: not counted
+        sampler = ProcessSampler([os.getpid()])
+        own_start = time.process_time()
+        sampler.sample()
+        burn_in_child(child)  # during the run
+        sampler.sample()
+        own = time.process_time() - own_start
+    finally:
+        child.communicate(b"")
+
+    assert 0.25 <= sampler.cpu_seconds - own < 0.5
 
 
 def test_sampling_includes_child_processes() -> None:
@@ -439,8 +508,9 @@ async def test_main_prints_a_summary_and_writes_json_and_html(
     page = html_path.read_text()
     # first event, total latency, the timeline, the longest silences
     assert page.startswith("<!doctype html>") and page.count("<svg") == 4
-    assert "concurrency=2" in page and "Python " in page and time.strftime("%Y-%m-%d") in page
-    assert data["machine"] and data["machine"] in page
+    assert "<td>concurrent streams</td><td>2</td>" in page and time.strftime("%Y-%m-%d") in page
+    assert data["machine"] and html.escape(data["machine"]) in page
+    assert abs(data["started_at"] - time.time()) < 60
     assert "sk-secret-123" not in page and "sk-secret-123" not in json_path.read_text()  # header names only
     assert data["config"]["headers"] == ["Authorization"]
     assert "http://" not in page.replace(server.url, "").replace("http://www.w3.org/2000/svg", "")
@@ -460,27 +530,122 @@ def test_invalid_options_are_refused_before_running(capsys: pytest.CaptureFixtur
     assert "gateway loadtest:" in capsys.readouterr().err
 
 
-def test_the_html_report_renders_an_empty_run() -> None:
-    report = loadtest._aggregate(
-        LoadConfig(url="http://127.0.0.1:1"), [], loadtest._Counters(), 0.0, 1.0, 0.0, None
-    )
-    assert "<svg" in render_html(report)
+def report_of(config: LoadConfig, results: list[RequestResult], *, started_at: float = 0.0, wall: float = 3.0) -> loadtest.LoadReport:
+    return loadtest._aggregate(config, results, loadtest._Counters(), started_at, wall, 0.0, None)
+
+
+def section(page: str, heading: str) -> str:
+    """The page from `heading` to the end of the chart or table that follows it."""
+    start = page.index(heading)
+    ends = [page.find(tag, start) for tag in ("</svg>", "</table>")]
+    return page[start : min(end for end in ends if end >= 0)]
+
+
+@pytest.mark.parametrize("wall", [1.0, 0.0])
+def test_the_html_report_renders_an_empty_run(wall: float) -> None:
+    report = report_of(LoadConfig(url="http://127.0.0.1:1"), [], wall=wall)
+    page = render_html(report)
+
+    assert page.count("<svg") == 4 and page.endswith("</html>")
+    assert "(n=0)" in section(page, "Time to first event") and "(n=0)" in section(page, "Total latency (cumulative)")
+    assert "failed (0)" in section(page, "Throughput and errors over time")
     assert orjson.loads(report.to_json())["requests_completed"] == 0
 
 
-def test_the_timeline_shows_when_requests_ended_and_which_failed() -> None:
-    config = LoadConfig(url="http://127.0.0.1:1")
+def test_the_page_says_when_where_and_with_which_settings_the_run_was_made() -> None:
+    config = LoadConfig(
+        url="http://127.0.0.1:1/v1", api="chat", model="tiny", input="Say hi", max_output_tokens=64,
+        concurrency=7, requests=50, duration=12.5, timeout=3.0, warmup=4, ramp_up=2.0,
+        headers=(("X-Tenant", "blue"),),
+    )  # fmt: skip
+    started_at = time.mktime((2031, 5, 6, 7, 8, 9, 0, 0, -1))
+    report = report_of(config, [], started_at=started_at)
+    run = section(render_html(report), "<h2>Run</h2>")
+
+    assert "<td>started</td><td>2031-05-06 07:08:09" in run
+    assert f"<td>machine</td><td>{html.escape(report.machine)}</td>" in run
+    assert f"Python {platform.python_version()}" in report.machine
+    assert f"{platform.system()} " in report.machine and str(psutil.cpu_count()) in report.machine
+    for row in (
+        ("endpoint", "chat http://127.0.0.1:1/v1/chat/completions"),  # the base's /v1 not doubled
+        ("model", "tiny"),
+        ("input", "Say hi (6 characters)"),
+        ("max output tokens", "64"),
+        ("concurrent streams", "7"),
+        ("requests", "50"),
+        ("duration", "12.5 s"),
+        ("per-request timeout", "3 s"),
+        ("warm-up requests (not counted)", "4"),
+        ("extra headers (names)", "X-Tenant"),
+        ("ramp-up", "2 s"),
+    ):
+        assert "<td>{}</td><td>{}</td>".format(*row) in run, row
+    data = orjson.loads(report.to_json())
+    assert data["started_at"] == started_at and data["machine"] == report.machine
+    assert data["config"]["concurrency"] == 7
+
+
+def test_keys_in_headers_or_the_url_reach_neither_the_page_nor_the_json() -> None:
+    config = LoadConfig(
+        url="http://user:pw-secret-0@127.0.0.1:1",
+        headers=(("Authorization", "Bearer sk-secret-1"), ("X-Api-Key", "key-secret-2")),
+    )
+    report = report_of(config, [RequestResult(status=200, total=0.1, ended=0.1)])
+    outputs = (render_html(report), report.to_json(include_requests=True), loadtest.format_summary(report))
+
+    for output in outputs:
+        for secret in ("pw-secret-0", "sk-secret-1", "key-secret-2"):
+            assert secret not in output
+    assert "Authorization, X-Api-Key" in outputs[0]
+    assert orjson.loads(outputs[1])["config"]["headers"] == ["Authorization", "X-Api-Key"]
+    assert "http://127.0.0.1:1/v1/responses" in outputs[0]
+
+
+def test_what_the_server_or_the_user_wrote_is_escaped_in_the_page() -> None:
+    config = LoadConfig(url="http://127.0.0.1:1", model="<b>m</b>", input="<img src=x>")
+    detail = "500: <script>alert(1)</script>"
+    failed = RequestResult(status=500, error="http_status", error_detail=detail, ended=0.5)
+    page = render_html(report_of(config, [failed]))
+
+    for raw in ("<b>m</b>", "<img src=x>", "<script>"):
+        assert raw not in page
+    assert "&lt;b&gt;m&lt;/b&gt;" in page and html.escape(detail) in section(page, "<h2>Errors")
+
+
+def polyline_xs(chart: str) -> list[float]:
+    [points] = re.findall(r"<polyline [^>]*points='([^']*)'", chart)
+    return [float(point.split(",")[0]) for point in points.split()]
+
+
+def test_first_events_in_milliseconds_and_totals_in_seconds_each_fill_their_own_panel() -> None:
     results = [
-        RequestResult(started=0.2, status=200, total=0.5, events=3),
-        RequestResult(started=1.1, status=200, total=0.3, events=3),
-        RequestResult(started=2.0, status=500, error="http_500", longest_silence=0.1),
+        RequestResult(status=200, time_to_first_event=first, total=total, ended=total)
+        for first, total in ((0.0010, 10.0), (0.0015, 15.0), (0.0020, 20.0))
     ]
-    report = loadtest._aggregate(config, results, loadtest._Counters(), 0.0, 3.0, 0.0, None)
-    page = render_html(report)
-    timeline = page[page.index("Throughput and errors over time") :]
-    timeline = timeline[: timeline.index("</svg>")]
-    assert timeline.count("fill='#d62728'") == 1  # the failure, in the third second
-    assert timeline.count("<rect") == 3
+    page = render_html(report_of(LoadConfig(url="http://127.0.0.1:1"), results, wall=25.0))
+    first = section(page, "<h2>Time to first event (cumulative)</h2>")
+    total = section(page, "<h2>Total latency (cumulative)</h2>")
+
+    assert ">2 ms</text>" in first and " s</text>" not in first
+    assert ">20 s</text>" in total
+    for chart in (first, total):
+        xs = polyline_xs(chart)
+        assert max(xs) - min(xs) > 300  # of an 824-pixel plot: the curve is not squashed to an edge
+
+
+def test_the_timeline_shows_when_requests_ended_and_which_failed() -> None:
+    results = [
+        RequestResult(started=0.2, ended=0.7, status=200, total=0.5, events=3),
+        RequestResult(started=1.1, ended=1.4, status=200, total=0.3, events=3),
+        RequestResult(started=2.0, ended=2.35, status=500, error="http_status", longest_silence=0.1),
+    ]
+    page = render_html(report_of(LoadConfig(url="http://127.0.0.1:1"), results, wall=3.0))
+    timeline = section(page, "Throughput and errors over time")
+
+    [failed] = re.findall(r"<rect class='failed'[^>]*>.*?</rect>", timeline)
+    assert "fill='#d62728'" in failed and "2.3–2.4 s: 0 completed, 1 failed" in failed
+    assert timeline.count("<rect class='completed'") == 2
+    assert "completed (2)" in timeline and "failed (1)" in timeline
 
 
 def test_the_module_exports_its_api() -> None:

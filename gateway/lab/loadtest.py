@@ -2,7 +2,9 @@
 
 This module owns the load generator: a minimal HTTP/1.1 client on trio sockets, the per-request
 measurements (`RequestResult`), their aggregation (`LoadReport`), the sampling of the server's
-CPU time and RSS (through psutil: `ProcessSampler`), and the text, JSON and HTML outputs.
+CPU time and RSS (through psutil: `ProcessSampler`), and the text, JSON and HTML outputs. The
+reports say when, on which machine and with which settings a run was made; they never carry
+header values or a password in the URL, which are often keys.
 
 It runs on the same small machine as the server under test, so its own cost per stream must be
 tiny; that decides its shape:
@@ -30,6 +32,7 @@ import argparse
 import html
 import math
 import os
+import platform
 import re
 import resource
 import socket
@@ -463,12 +466,14 @@ class LoadConfig:
 @dataclass(slots=True)
 class RequestResult:
     """One request's measurements. Times are seconds from the request's start (before connect
-    when a new connection was needed); `started` is seconds from the start of the run.
+    when a new connection was needed); `started` and `ended` (when it finished, whatever the
+    outcome) are seconds from the start of the run.
     `longest_silence` is the longest wait for body bytes, counted from the moment the request
     was written, so a slow first token without heartbeats counts; on a timeout it includes the
     final wait."""
 
     started: float = 0.0
+    ended: float = 0.0
     status: int = 0
     error: str | None = None
     error_detail: str = ""
@@ -572,18 +577,22 @@ class LoadReport:
         return orjson.dumps(data, default=_json_default, option=orjson.OPT_INDENT_2).decode()
 
 
-def describe_machine() -> str:
-    """This machine in a line: CPU model, cores, OS and Python."""
-    import platform
-
+def _describe_machine() -> str:
+    """This machine in a line: CPU model, CPUs, memory, OS and Python (not the host name)."""
     model = platform.processor() or platform.machine()
-    try:
+    try:  # Linux names the CPU model only here; elsewhere `platform.processor()` does
         with open("/proc/cpuinfo", encoding="utf-8") as file:
             model = next((line.split(":", 1)[1].strip() for line in file if line.startswith("model name")), model)
     except OSError:
         pass
-    cores = psutil.cpu_count(logical=True) or os.cpu_count() or 1
-    return f"{model}, {cores} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    logical = psutil.cpu_count(logical=True) or os.cpu_count() or 1
+    physical = psutil.cpu_count(logical=False)
+    cores = f"{logical} CPUs" if physical in (None, logical) else f"{physical} cores / {logical} threads"
+    memory = psutil.virtual_memory().total / 2**30
+    return (
+        f"{model}, {cores}, {memory:.1f} GiB RAM, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
 
 
 def _json_default(value: object) -> object:
@@ -718,24 +727,31 @@ class _Client:
         t_start = time.perf_counter()
         result.started = t_start - run_start
         progress = _Progress(t_start)
+        failure: _Failure | None = None
         try:
             with trio.fail_after(math.inf if timeout is None else timeout):
                 await self._exchange(result, progress)
         except trio.TooSlowError:
-            result.error, result.error_detail = "timeout", f"no complete response within {timeout} s"
+            failure = _Failure("timeout", f"no complete response within {timeout} s")
+        except _Failure as error:
+            failure = error
+        now = time.perf_counter()
+        result.ended = now - run_start
+        if failure is None:
+            return result
+        result.error, result.error_detail = failure.kind, failure.detail
+        if failure.kind == "timeout":
             if progress.sent:
-                silence = time.perf_counter() - progress.last_byte
+                silence = now - progress.last_byte
                 if result.longest_silence is None or silence > result.longest_silence:
                     result.longest_silence = silence
             await self.aclose()
-        except _Failure as failure:
-            result.error, result.error_detail = failure.kind, failure.detail
-            if failure.kind in ("read", "protocol"):
-                # Mid-response: the connection's state is unknown. After the other kinds the
-                # body was read to its end and `_exchange` already kept or closed it.
-                await self.aclose()
-            elif failure.kind == "connect":
-                await trio.sleep(_CONNECT_BACKOFF)
+        elif failure.kind in ("read", "protocol"):
+            # Mid-response: the connection's state is unknown. After the other kinds the
+            # body was read to its end and `_exchange` already kept or closed it.
+            await self.aclose()
+        elif failure.kind == "connect":
+            await trio.sleep(_CONNECT_BACKOFF)
         return result
 
     async def _open(self) -> _Connection:
@@ -967,20 +983,19 @@ def _decoder_for(status: int, headers: dict[bytes, bytes]) -> _BodyDecoder | Non
 
 
 class ProcessSampler:
-    """CPU time (user+sys) and summed RSS of some processes and their descendants (psutil).
+    """CPU time (user+sys) and summed RSS of some processes and their descendants, read through
+    psutil, so it works wherever psutil does (Linux, macOS, Windows, the BSDs).
 
-    A process first seen after the first sample was born during the run, so
-    all its CPU time counts; processes that exit keep their last observed
-    time; a pid reused by another process counts as a new process.  Works
-    wherever psutil does (Linux, macOS, Windows, the BSDs).
+    A process is identified by (pid, create time), so a reused pid counts as a new process. A
+    process first seen after the first sample was born during the run: all its CPU time counts.
+    A process that exits keeps the time it had at its last sample. Processes that vanish or may
+    not be read between two calls are skipped, never raised.
     """
 
     def __init__(self, pids: Sequence[int]) -> None:
         self.pids = list(pids)
-        # (pid, create_time) identifies a process across pid reuse.
         self._baseline: dict[tuple[int, float], float] = {}
         self._latest: dict[tuple[int, float], float] = {}
-        self._started: float | None = None  # wall time of the first sample
         self.samples = 0
         self.rss_start_bytes = 0
         self.rss_peak_bytes = 0
@@ -994,24 +1009,25 @@ class ProcessSampler:
         return len(self._latest)
 
     def sample(self) -> None:
-        """Read every process once; cheap enough to call from the event loop."""
+        """Read every process once: a few small reads each, cheap enough for the event loop."""
+        first = self.samples == 0
         rss = 0
         for process in self._processes():
             try:
-                with process.oneshot():
+                with process.oneshot():  # the create and CPU times come from one read
                     key = (process.pid, process.create_time())
                     times = process.cpu_times()
                     memory = process.memory_info().rss
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             cpu = times.user + times.system
-            if key not in self._baseline:
-                born_during_run = self._started is not None and key[1] > self._started
-                self._baseline[key] = 0.0 if born_during_run else cpu
+            # Born during the run when first seen after the first sample. Comparing its create
+            # time with the first sample's clock instead would misjudge: on Linux psutil derives
+            # it from the boot time in whole seconds, so a newborn child can look a second older.
+            self._baseline.setdefault(key, cpu if first else 0.0)
             self._latest[key] = cpu
             rss += memory
-        if self._started is None:
-            self._started = time.time()
+        if first:
             self.rss_start_bytes = rss
         self.rss_peak_bytes = max(self.rss_peak_bytes, rss)
         self.samples += 1
@@ -1027,11 +1043,15 @@ class ProcessSampler:
         for pid in self.pids:
             try:
                 root = psutil.Process(pid)
-                family = [root, *root.children(recursive=True)]
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            for process in family:
-                found.setdefault(process.pid, process)
+            found.setdefault(root.pid, root)
+            try:
+                children = root.children(recursive=True)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue  # the root exited between the two calls; its last sample stands
+            for child in children:
+                found.setdefault(child.pid, child)
         return list(found.values())
 
 
@@ -1214,12 +1234,9 @@ def _aggregate(
     for r in results:
         if r.error is not None and r.error not in examples:
             examples[r.error] = r.error_detail
-    config_data = asdict(config)
-    config_data["headers"] = [name for name, _ in config.headers]  # names only: values may be keys
-    config_data["path"] = _target(config).path
     return LoadReport(
-        machine=describe_machine(),
-        config=config_data,
+        machine=_describe_machine(),
+        config=_reported_config(config),
         started_at=started_at,
         wall_seconds=round(wall, 6),
         requests_completed=completed,
@@ -1251,6 +1268,18 @@ def _aggregate(
     )
 
 
+def _reported_config(config: LoadConfig) -> dict[str, Any]:
+    """The settings as the JSON and HTML reports show them. Header values and a password in the
+    URL are left out: they are often keys, and reports get shared."""
+    data = asdict(config)
+    data["headers"] = [name for name, _ in config.headers]
+    parts = urlsplit(config.url)
+    if "@" in parts.netloc:
+        data["url"] = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl()
+    data["path"] = _target(config).path
+    return data
+
+
 # ---------------------------------------------------------------------------------------------
 # Outputs
 
@@ -1259,7 +1288,7 @@ def format_summary(report: LoadReport) -> str:
     """A compact, human summary."""
     c = report.config
     lines = [
-        f"gateway loadtest: {c['api']} {c['url'].rstrip('/')}{c['path']}  model={c['model']}  "
+        f"gateway loadtest: {_endpoint(c)}  model={c['model']}  "
         f"concurrency={c['concurrency']}",
         f"  {report.requests_completed} ok, {report.requests_failed} failed in "
         f"{report.wall_seconds:.2f} s: {report.throughput_rps:.1f} responses/s; "
@@ -1309,31 +1338,91 @@ def _mib(value: int) -> str:
     return f"{value / 1048576:.1f}"
 
 
+def _endpoint(config: dict[str, Any]) -> str:
+    """`api` and the URL requested (the reported `path` already holds the base URL's path)."""
+    parts = urlsplit(str(config["url"]))
+    return f"{config['api']} {parts.scheme}://{parts.netloc}{config['path']}"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s"
+
+
+def _duration_label(ms: float) -> str:
+    """An axis tick: `250 ms`, `1.5 s`."""
+    return f"{ms:g} ms" if ms < 1000 else f"{ms / 1000:g} s"
+
+
+def _settings_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every setting of the run, readable. A `LoadConfig` field without a label here is still
+    shown, under its own name, so a new setting cannot silently go missing from the page."""
+    rows: list[tuple[str, str]] = []
+    for key, value in config.items():
+        if key in ("url", "path", "api", "progress"):
+            continue  # the endpoint row shows these; a progress bar does not change a result
+        if key == "requests":
+            if value is None:
+                value = "as many as the duration allows" if config.get("duration") else f"{DEFAULT_REQUESTS} (default)"
+        elif key == "duration":
+            value = "until the requests are sent" if value is None else _seconds(value)
+        elif key in ("timeout", "ramp_up"):
+            value = "none" if not value else _seconds(value)
+        elif key == "max_output_tokens" and value is None:
+            value = "the server's default"
+        elif key == "headers":
+            # Names only, even if a caller built the report from a raw config: values may be keys.
+            names = [item[0] if isinstance(item, (list, tuple)) else item for item in value]
+            value = ", ".join(map(str, names)) or "none"
+        elif key == "input":
+            text = str(value)
+            value = f"{text[:160]}{'…' if len(text) > 160 else ''} ({len(text)} characters)"
+        rows.append((_SETTING_LABELS.get(key, key), "-" if value is None else str(value)))
+    return rows
+
+
+_SETTING_LABELS = {
+    "model": "model",
+    "input": "input",
+    "max_output_tokens": "max output tokens",
+    "concurrency": "concurrent streams",
+    "requests": "requests",
+    "duration": "duration",
+    "timeout": "per-request timeout",
+    "warmup": "warm-up requests (not counted)",
+    "headers": "extra headers (names)",
+    "ramp_up": "ramp-up",
+}
+
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
-h1{font-size:20px}h2{font-size:16px;margin-top:28px}
-.meta{color:#555}
+h1{font-size:20px;margin-bottom:4px}h2{font-size:16px;margin-top:28px}
+.meta{color:#555;margin-top:0}
 table{border-collapse:collapse}td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}
 td:first-child,th:first-child{text-align:left}
+table.run td{text-align:left}
+.example{font-family:ui-monospace,monospace;font-size:12px;text-align:left;max-width:640px;overflow-wrap:anywhere}
 svg{background:#fafafa;border:1px solid #ddd}
 .axis{stroke:#888;stroke-width:1}.grid{stroke:#e4e4e4;stroke-width:1}
 text{font:11px system-ui,sans-serif;fill:#444}
 """
 
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")
+_FAILED_COLOR = "#d62728"
 
 
 def render_html(report: LoadReport) -> str:
-    """A self-contained page: when, where and with which settings; the summary; time to first
-    event and total latency in panels of their own; requests ended per second with the failed in
-    red; the longest silences.  Inline SVG, nothing fetched."""
+    """A self-contained page: when, where and with which settings the run was made; the
+    results; time to first event and total latency in panels of their own; completed and failed
+    requests per second over the run; the longest silences. Inline SVG, nothing fetched; every
+    value from the configuration or the server is escaped."""
     ok = [r for r in report.requests if r.error is None]
     esc = html.escape
     c = report.config
+    endpoint = _endpoint(c)
+    when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report.started_at))
+    run_rows = [("started", when), ("machine", report.machine or "-"), ("endpoint", endpoint)]
+    run_rows += _settings_rows(c)
     rows = [
-        ("endpoint", f"{c['api']} {c['url'].rstrip('/')}{c['path']}"),
-        ("model", str(c["model"])),
-        ("concurrency", str(c["concurrency"])),
         ("completed / failed", f"{report.requests_completed} / {report.requests_failed}"),
         ("wall time", f"{report.wall_seconds:.2f} s"),
         ("throughput", f"{report.throughput_rps:.2f} responses/s"),
@@ -1347,7 +1436,19 @@ def render_html(report: LoadReport) -> str:
         s = report.server
         rows.append(("server cpu", f"{s.cpu_seconds:.2f} s ({_num(s.cpu_per_response_ms)} ms/response)"))
         rows.append(("server rss start / peak", f"{_mib(s.rss_start_bytes)} / {_mib(s.rss_peak_bytes)} MiB"))
+    run_table = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in run_rows)
     summary = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in rows)
+    errors = ""
+    if report.errors:
+        errors = (
+            "<h2>Errors (the first of each kind)</h2><table><tr><th>kind</th><th>n</th><th>example</th></tr>"
+            + "".join(
+                f"<tr><td>{esc(kind)}</td><td>{n}</td>"
+                f"<td class='example'>{esc(report.error_examples.get(kind, '')[:400])}</td></tr>"
+                for kind, n in report.errors.items()
+            )
+            + "</table>"
+        )
     dist_rows = "".join(
         f"<tr><td>{esc(label)}</td><td>{d.count}</td>"
         + "".join(f"<td>{_num(v)}</td>" for v in (d.p50, d.p90, d.p99, d.max))
@@ -1366,10 +1467,6 @@ def render_html(report: LoadReport) -> str:
     )
     total_cdf = _svg_cdf([("total latency", [r.total * 1000 for r in ok if r.total is not None])])
     timeline = _svg_timeline(report.requests, report.wall_seconds)
-    when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report.started_at))
-    settings = ", ".join(
-        f"{key}={value}" for key, value in c.items() if key not in ("url", "path", "api", "model", "input") and value not in (None, [], ())
-    )
     silences = [
         (r.longest_silence * 1000, r.error is not None)
         for r in report.requests
@@ -1377,10 +1474,13 @@ def render_html(report: LoadReport) -> str:
     ]
     bars = _svg_bars(silences)
     return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>gateway loadtest</title>"
-        f"<style>{_CSS}</style></head><body>"
-        f"<h1>gateway loadtest</h1><p class='meta'>{esc(when)} &middot; {esc(report.machine)}<br>"
-        f"settings: {esc(settings)}</p><table>{summary}</table>"
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>gateway loadtest {esc(when)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>gateway loadtest: {esc(endpoint)}</h1>"
+        f"<p class='meta'>{esc(when)} &middot; {report.requests_completed} completed, "
+        f"{report.requests_failed} failed in {report.wall_seconds:.2f} s</p>"
+        f"<h2>Run</h2><table class='run'>{run_table}</table>"
+        f"<h2>Results</h2><table>{summary}</table>{errors}"
         "<h2>Latency (ms, successful requests)</h2><table><tr><th></th><th>n</th><th>p50</th>"
         f"<th>p90</th><th>p99</th><th>max</th></tr>{dist_rows}</table>"
         f"<h2>Time to first event (cumulative)</h2>{first_cdf}"
@@ -1410,6 +1510,10 @@ def _nice_scale(top: float, ticks: int) -> tuple[float, float]:
     return step * max(1, math.ceil(top / step - 1e-9)), step
 
 
+def _general(value: float) -> str:
+    return f"{value:g}"
+
+
 class _Plot:
     """Pixel geometry of one chart: a plot area with a left and a bottom margin for labels."""
 
@@ -1426,13 +1530,20 @@ class _Plot:
     def y(self, value: float) -> float:
         return self.top + self.plot_h - self.plot_h * value / self.y_max
 
-    def axes(self, x_step: float, y_step: float, y_fmt: Callable[[float], str], x_label: str) -> list[str]:
+    def axes(
+        self,
+        x_step: float,
+        y_step: float,
+        y_fmt: Callable[[float], str],
+        x_label: str,
+        x_fmt: Callable[[float], str] = _general,
+    ) -> list[str]:
         parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{self.width}' height='{self.height}'>"]
         bottom = self.top + self.plot_h
         for i in range(round(self.x_max / x_step) + 1):
             x = self.x(i * x_step)
             parts.append(f"<line class='grid' x1='{x:.1f}' y1='{self.top}' x2='{x:.1f}' y2='{bottom}'/>")
-            parts.append(f"<text x='{x:.1f}' y='{bottom + 15}' text-anchor='middle'>{i * x_step:g}</text>")
+            parts.append(f"<text x='{x:.1f}' y='{bottom + 15}' text-anchor='middle'>{x_fmt(i * x_step)}</text>")
         for i in range(round(self.y_max / y_step) + 1):
             y = self.y(i * y_step)
             parts.append(f"<line class='grid' x1='{self.left}' y1='{y:.1f}' x2='{self.left + self.plot_w}' y2='{y:.1f}'/>")
@@ -1445,12 +1556,19 @@ class _Plot:
         )
         return parts
 
+    def legend(self, index: int, color: str, label: str) -> str:
+        x = self.left + 260 * index
+        return (
+            f"<rect x='{x}' y='8' width='12' height='10' fill='{color}'/>"
+            f"<text x='{x + 18}' y='17'>{html.escape(label)}</text>"
+        )
+
 
 def _svg_cdf(series: list[tuple[str, list[float]]], width: int = 900, height: int = 320) -> str:
     top = max((max(values) for _, values in series if values), default=0.0)
     x_max, x_step = _nice_scale(top, 8)
     plot = _Plot(width, height, x_max, 1.0, top=34)  # room for the legend above the plot
-    parts = plot.axes(x_step, 0.25, lambda v: f"{v:.0%}", "milliseconds")
+    parts = plot.axes(x_step, 0.25, lambda v: f"{v:.0%}", "time since the request started", _duration_label)
     for index, (label, values) in enumerate(series):
         color = _COLORS[index % len(_COLORS)]
         ordered = sorted(values)
@@ -1461,33 +1579,45 @@ def _svg_cdf(series: list[tuple[str, list[float]]], width: int = 900, height: in
             for i in list(range(0, n, stride)) + [n - 1]:
                 points.append(f"{plot.x(ordered[i]):.1f},{plot.y((i + 1) / n):.1f}")
             parts.append(f"<polyline fill='none' stroke='{color}' stroke-width='2' points='{' '.join(points)}'/>")
-        legend_x = plot.left + 260 * index
-        parts.append(f"<rect x='{legend_x}' y='8' width='12' height='10' fill='{color}'/>")
-        parts.append(f"<text x='{legend_x + 18}' y='17'>{html.escape(label)} (n={n})</text>")
+        parts.append(plot.legend(index, color, f"{label} (n={n})"))
     parts.append("</svg>")
     return "".join(parts)
 
 
-def _svg_timeline(requests: Sequence[RequestResult], wall: float, width: int = 900, height: int = 260) -> str:
-    """Requests that ended in each second of the run, completed stacked under failed."""
-    seconds = max(1, math.ceil(wall))
-    done, failed = [0] * seconds, [0] * seconds
+def _svg_timeline(requests: Sequence[RequestResult], wall: float, width: int = 900, height: int = 280) -> str:
+    """Requests per second that ended in each slice of the run, the completed stacked under the
+    failed. Slices are about a hundredth of the run (0.1 s at least): seconds for a minute's
+    run, tenths for a few seconds', so a stall or a burst of errors shows where it happened."""
+    bucket = max(0.1, _nice_step(wall, 100))
+    count = max(1, math.ceil(wall / bucket - 1e-9))
+    done, failed = [0] * count, [0] * count
     for r in requests:
-        ended = r.started + (r.total if r.total is not None else r.longest_silence or 0.0)
-        second = min(seconds - 1, max(0, int(ended)))
-        (done if r.error is None else failed)[second] += 1
-    y_max, y_step = _nice_scale(float(max((a + b for a, b in zip(done, failed)), default=0)), 5)
-    x_max, x_step = _nice_scale(float(seconds), 8)
-    plot = _Plot(width, height, x_max, y_max)
-    parts = plot.axes(x_step, y_step, lambda v: f"{v:g}", "seconds into the run")
-    bar_w = max(plot.plot_w / x_max * 0.85, 0.5)
-    for second, (ok_count, failed_count) in enumerate(zip(done, failed)):
-        x = plot.x(second)
-        for low, high, color in ((0, ok_count, _COLORS[0]), (ok_count, ok_count + failed_count, "#d62728")):
+        index = min(count - 1, max(0, int(r.ended / bucket)))
+        (done if r.error is None else failed)[index] += 1
+    y_max, y_step = _nice_scale(max((a + b for a, b in zip(done, failed)), default=0) / bucket, 5)
+    x_max, x_step = _nice_scale(count * bucket, 8)
+    plot = _Plot(width, height, x_max, y_max, top=34)
+    parts = plot.axes(x_step, y_step, _general, "seconds into the run")
+    parts.append(plot.legend(0, _COLORS[0], f"completed ({sum(done)})"))
+    parts.append(plot.legend(1, _FAILED_COLOR, f"failed ({sum(failed)})"))
+    bar_w = max(plot.plot_w * bucket / x_max * 0.85, 0.5)
+    for index, (ok_count, failed_count) in enumerate(zip(done, failed)):
+        if not ok_count + failed_count:
+            continue
+        x = plot.x(index * bucket)
+        title = (
+            f"<title>{index * bucket:g}–{(index + 1) * bucket:g} s: "
+            f"{ok_count} completed, {failed_count} failed</title>"
+        )
+        for low, high, kind, color in (
+            (0, ok_count, "completed", _COLORS[0]),
+            (ok_count, ok_count + failed_count, "failed", _FAILED_COLOR),
+        ):
             if high > low:
+                top_y, low_y = plot.y(high / bucket), plot.y(low / bucket)
                 parts.append(
-                    f"<rect x='{x:.2f}' y='{plot.y(high):.2f}' width='{bar_w:.2f}' "
-                    f"height='{plot.y(low) - plot.y(high):.2f}' fill='{color}'/>"
+                    f"<rect class='{kind}' x='{x:.2f}' y='{top_y:.2f}' width='{bar_w:.2f}' "
+                    f"height='{low_y - top_y:.2f}' fill='{color}'>{title}</rect>"
                 )
     parts.append("</svg>")
     return "".join(parts)
@@ -1503,10 +1633,10 @@ def _svg_bars(values: list[tuple[float, bool]], width: int = 900, height: int = 
     y_max, y_step = _nice_scale(max((v for v, _ in bars), default=0.0), 5)
     x_max, x_step = _nice_scale(float(max(1, len(values))), 8)
     plot = _Plot(width, height, x_max, y_max)
-    parts = plot.axes(x_step, y_step, lambda v: f"{v:g}", "request (in start order)")
+    parts = plot.axes(x_step, y_step, _general, "request (in start order)")
     bar_w = plot.plot_w * size / x_max
     for i, (value, failed) in enumerate(bars):
-        color = "#d62728" if failed else _COLORS[0]
+        color = _FAILED_COLOR if failed else _COLORS[0]
         y = plot.y(value)
         parts.append(
             f"<rect x='{plot.x(i * size):.2f}' y='{y:.2f}' width='{max(bar_w * 0.85, 0.5):.2f}' "
