@@ -190,21 +190,25 @@ async def _run_round(
         async with backend.open_chat_stream(session.request, headers=telemetry.trace_headers()) as stream:
             if on_answer is not None:
                 on_answer(None)
-            eager = _EAGER_BATCHES
+            eager_until = trio.current_time() + _EAGER_TIME
             window_end = trio.current_time() + _BATCH_WINDOW
             async for batch in stream:
                 # At a stream's start, a read that brought many chunks is worked
                 # through in growing slices, so that its first ones leave before
                 # the rest is done; later reads go whole (fewer, larger writes).
-                sliced = eager > 0 and len(batch) > _FIRST_SLICE
+                now = trio.current_time()
+                eager = now < eager_until
+                sliced = eager and len(batch) > _FIRST_SLICE
                 for part in _slices(batch) if sliced else (batch,):
                     await emit(session.feed_batch(part))
                     if session.done and not stream.saw_done:
                         return None  # failed on a chunk: nothing more to read
-                    # Batching buys throughput but must not hold tokens back: the
-                    # first batches leave at once, later ones at least every window.
-                    if eager or sliced or trio.current_time() >= window_end:
-                        eager = max(0, eager - 1)
+                    # Batching buys throughput but must not hold tokens back: at
+                    # the start the turn yields after every part, so that the
+                    # writer's few steps (the head, the first write) each wait
+                    # for one part rather than a whole window; later, at least
+                    # every window.
+                    if eager or trio.current_time() >= window_end:
                         await trio.lowlevel.checkpoint()
                         window_end = trio.current_time() + _BATCH_WINDOW
             await emit(session.end_of_stream())
@@ -220,7 +224,7 @@ async def _run_round(
 # While the backend's bytes are already buffered the round does not yield on
 # its own; it is made to, so that no token waits longer than this to be sent.
 _BATCH_WINDOW = 0.0005
-_EAGER_BATCHES = 2
+_EAGER_TIME = 0.002  # a round's first 2 ms: yield after every part
 _FIRST_SLICE = 4
 
 
