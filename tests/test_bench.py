@@ -41,3 +41,11 @@ def test_the_tools_and_the_gateway_get_cores_of_their_own_from_three_cores_up():
         assert placement.tools is None and placement.gateway is None and placement.cores == len(cores)
         assert placement.describe().startswith("not pinned") and "cores" in placement.describe()
     assert "no CPU affinity" in Placement.for_cores([]).describe()
+
+
+def test_a_light_load_gives_the_gateway_a_core_of_its_own_from_two_cores_up():
+    light = Placement.for_light_load([0, 1])
+    assert light.tools == {0} and light.gateway == {1}
+    assert Placement.for_light_load([2, 3, 4]).gateway == {3, 4}
+    alone = Placement.for_light_load([7])
+    assert alone.tools is None and alone.gateway is None
