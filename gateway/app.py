@@ -420,10 +420,7 @@ def create_app(
                 req,
                 transport="sse",
                 caller=caller if isinstance(caller, Caller) else ANONYMOUS,
-                gateway_tools=gateway_tools_enabled(
-                    (req.model_extra or {}).get("gateway_tools"),
-                    headers.get(b"x-gateway-tools", b"").decode("latin-1"),
-                ),
+                gateway_tools=_gateway_tools_enabled(req, headers.get(b"x-gateway-tools", b"").decode("latin-1")),
                 request_id=notes.get("request_id"),
             )
         except GatewayError as error:
@@ -440,7 +437,7 @@ def create_app(
             req,
             transport=transport,
             caller=_caller(),
-            gateway_tools=_gateway_tools_enabled(req),
+            gateway_tools=_gateway_tools_enabled(req, request.headers.get("x-gateway-tools", "")),
             request_id=_request_id(),
         )
         if req.background:
@@ -805,8 +802,9 @@ async def _warn_if_not_durable(store: ResponseStore) -> None:
         log.warning("%s", warning)
 
 
-def _gateway_tools_enabled(req: Any) -> bool:
-    return gateway_tools_enabled((req.model_extra or {}).get("gateway_tools"), request.headers.get("x-gateway-tools", ""))
+def _gateway_tools_enabled(req: Any, header: str) -> bool:
+    """A create request's `gateway_tools` field, with its `x-gateway-tools` header."""
+    return gateway_tools_enabled((req.model_extra or {}).get("gateway_tools"), header)
 
 
 # What a submit_tool_outputs continuation takes over from the response it continues.

@@ -31,7 +31,7 @@ from typing import Any
 import httpx2
 import trio
 
-from .loadtest import LoadConfig, LoadReport, run_load
+from .loadtest import LoadConfig, LoadReport, cpu_model, run_load
 
 __all__ = ["add_arguments", "main", "run_bench"]
 
@@ -574,12 +574,7 @@ def render(bench: Bench) -> str:
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_model() or "unknown CPU"
     return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {datetime.date.today().isoformat()}"
 
 

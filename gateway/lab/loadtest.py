@@ -577,14 +577,20 @@ class LoadReport:
         return orjson.dumps(data, default=_json_default, option=orjson.OPT_INDENT_2).decode()
 
 
-def _describe_machine() -> str:
-    """This machine in a line: CPU model, CPUs, memory, OS and Python (not the host name)."""
+def cpu_model() -> str:
+    """The CPU's model name, as well as the system tells it."""
     model = platform.processor() or platform.machine()
     try:  # Linux names the CPU model only here; elsewhere `platform.processor()` does
         with open("/proc/cpuinfo", encoding="utf-8") as file:
             model = next((line.split(":", 1)[1].strip() for line in file if line.startswith("model name")), model)
     except OSError:
         pass
+    return model
+
+
+def _describe_machine() -> str:
+    """This machine in a line: CPU model, CPUs, memory, OS and Python (not the host name)."""
+    model = cpu_model()
     logical = psutil.cpu_count(logical=True) or os.cpu_count() or 1
     physical = psutil.cpu_count(logical=False)
     cores = f"{logical} CPUs" if physical in (None, logical) else f"{physical} cores / {logical} threads"

@@ -105,7 +105,7 @@ class SQLiteFile:
         await trio.to_thread.run_sync(self.conn.close, limiter=self._limiter)
 
 
-_SAVE_FAILED = "The conversation store failed; try again."
+_FAILED = "The conversation store failed; try again."
 
 
 class _Save:
@@ -145,7 +145,7 @@ class SQLiteStore:
         try:
             return await self._file.run(fn, *args)
         except sqlite3.Error as exc:
-            raise StoreUnavailable("The conversation store failed; try again.") from exc
+            raise StoreUnavailable(_FAILED) from exc
 
     async def save(self, record: StoredResponse) -> None:
         """Records saved in the same pass of the event loop share one transaction.
@@ -166,7 +166,7 @@ class SQLiteStore:
                 try:
                     await self._run(self._save_batch, batch)
                 except BaseException as exc:
-                    failed = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(_SAVE_FAILED)
+                    failed = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(_FAILED)
                     for save in batch:
                         save.error = failed
                     raise  # this caller's own failure, as it happened

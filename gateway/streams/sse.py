@@ -63,10 +63,7 @@ class SSEDecoder:
             # The common case (LF only): a plain split is several times faster,
             # and a whole event that is one `data: ` line needs no line parsing.
             if self._data or self._event is not None:
-                lines = buffer.split(b"\n")  # in the middle of an event: line by line
-                rest = lines.pop()
-                for line in lines:
-                    self._line(line, events)
+                rest = self._lines(buffer, events)  # in the middle of an event: line by line
             else:
                 frames = buffer.split(b"\n\n")
                 rest = frames.pop()
@@ -79,10 +76,7 @@ class SSEDecoder:
                             self._line(line, events)
                         self._dispatch(events)  # the blank line that ended the frame
                 if b"\n" in rest:  # complete lines of an event not yet ended
-                    lines = rest.split(b"\n")
-                    rest = lines.pop()
-                    for line in lines:
-                        self._line(line, events)
+                    rest = self._lines(rest, events)
         else:
             start = 0
             end = len(buffer)
@@ -108,6 +102,14 @@ class SSEDecoder:
             self._line(line, events)
         self._dispatch(events)
         return events
+
+    def _lines(self, text: bytes, events: list[SSEEvent]) -> bytes:
+        """Each complete LF-ended line of `text`; returns the unfinished rest."""
+        lines = text.split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            self._line(line, events)
+        return rest
 
     def _line(self, line: bytes, events: list[SSEEvent]) -> None:
         if not line:

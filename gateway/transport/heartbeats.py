@@ -11,7 +11,7 @@ keep-alive is one `send_nowait` onto the stream's own channel.
 The same look finds a client that stopped reading: a write handed to the
 HTTP layer that has not returned for `stall_timeout` seconds means the
 client's buffers are full and it does not read.  That stream is closed
-(`Beating.stall()`), so a stuck client holds at most its channel's bound of
+(its `beat` ends it), so a stuck client holds at most its channel's bound of
 queued events and never grows memory without limit.
 
 The ticker is run by whoever owns the streams (the app's nursery); the
