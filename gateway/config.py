@@ -76,7 +76,20 @@ class Settings(BaseSettings):
         description="Seconds a streaming client may leave a write unread (its buffers full) before its stream is closed.",
     )
     max_request_body_bytes: int = Field(
-        64 * 1024 * 1024, ge=1024, description="Largest accepted request body; larger ones get 413."
+        64 * 1024 * 1024, ge=1024, description="Largest accepted request body (after decompression); larger ones get 413."
+    )
+    max_decompression_ratio: float = Field(
+        100.0,
+        ge=1,
+        description=(
+            "A compressed request body may inflate at most this many times its size once it passes 8 MiB "
+            "(a small upload that inflates to the body limit is refused before it is held whole)."
+        ),
+    )
+    readiness_interval: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds between the background checks of the store and the backends that /ready reports.",
     )
     websocket_max_connections: int = Field(
         1000, ge=1, description="WebSocket connections one process holds at once; more are refused with 429."
@@ -113,7 +126,11 @@ class Settings(BaseSettings):
     )
     sqlite_path: str = Field("./data/responses.sqlite3", description="SQLite database file.")
     redis_url: str = Field("redis://localhost:6379/0", description="Redis URL (STORE_BACKEND=redis).", repr=False)
-    store_ttl: float = Field(0, ge=0, description="Seconds a stored response is kept; 0 keeps it until deleted or evicted.")
+    store_ttl: float = Field(
+        30 * 24 * 3600.0,
+        ge=0,
+        description="Seconds a stored response is kept (30 days, as OpenAI keeps them); 0 keeps it until deleted or evicted.",
+    )
     max_conversation_history: int = Field(100, ge=1, description="Stored responses kept by the memory store.")
     background_lease_seconds: float = Field(
         15.0,
