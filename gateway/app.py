@@ -40,14 +40,16 @@ from .errors import (
     RequestTooLarge,
     Unauthorized,
     error_json,
+    report,
 )
-from .keys import ANONYMOUS, Caller, KeyRing, KeyStore, Limiter, parse_static_keys
+from .keys import ANONYMOUS, Caller, KeyRing, KeyStore, Limiter, parse_static_keys, token_reservation
 from .keys.stores import open_key_store
 from .logs import add_log_secrets
 from .observe import Telemetry, build_telemetry
 from .redact import Redactor
 from .sealing import Sealer
-from .store import ResponseStore, open_store
+from .readiness import Readiness
+from .store import ResponseStore, open_store, store_location
 from .store.base import OwnerView
 from .store.observed import ObservedStore
 from .streams.chat_session import ChatSession, collect_chat_completion
@@ -59,7 +61,7 @@ from .transport.heartbeats import Heartbeats
 from .transport.sse import ChatCompletionStream, DeferredHeadBody, EventChannelBody, TurnEventStream
 from .turn import Resources, Turn, TurnOutcome, note_chat_chunks, prepare_turn, report_outcome, run_rounds
 from .turn.tools import RequestTools, ToolSource, gateway_tools_enabled
-from .wire import CreateResponseRequest, decode_json_object, model_of, parse_create_request, validate_create_request
+from .wire import CreateResponseRequest, decode_json_object, parse_create_request, read_relayed_body, validate_create_request
 
 __all__ = ["GatewayApp", "create_app"]
 
@@ -79,13 +81,14 @@ class GatewayApp(QuartTrio):
     asgi_http_class = _GatewayHTTPConnection
     settings: Settings
     backend: Backend
-    store: ResponseStore
+    store: ObservedStore
     runner: BackgroundRunner
     resources: Resources
     telemetry: Telemetry
     keyring: KeyRing
     limiter: Limiter
     drain: Drain
+    readiness: Readiness
     heartbeats: Heartbeats
     mcp: ToolSource | None = None
     # The hot route (see gateway.transport.asgi), set by create_app.
@@ -115,13 +118,26 @@ class GatewayApp(QuartTrio):
         else:
             await self.asgi_app(scope, receive, send)
 
-    async def serving(self, binds: list[str]) -> None:
-        """Told by the serve loop where it listens: warn when that is open to a network without keys."""
+    async def serving(self, binds: list[str], *, stalls_bounded: bool = False) -> None:
+        """Told by the serve loop where it listens: say whether a key is required and where keys
+        live, and warn when the gateway is open to a network without keys.
+
+        `stalls_bounded`: the server resets a connection whose writes make no
+        progress for CLIENT_STALL_TIMEOUT (gateway.serve does), so the heartbeat
+        ticker need not time whole writes (which would cut a slow reader that
+        still reads, on one large write)."""
+        if stalls_bounded:
+            self.heartbeats.stall_timeout = None
         exposed = [bind for bind in binds if not _loopback(bind)]
+        where = self.keyring.store.location if self.keyring.store is not None else "no key store"
         try:
             keyed = await self.keyring.required()
-        except GatewayError:
-            keyed = True  # the key store is down: it will say so on every request
+        except GatewayError as error:
+            keyed = True  # the key store is down: nobody is let in until it answers
+            log.warning("authentication: the key store did not answer (%s); requests are refused until it does", error.cause or where)
+        else:
+            static = f", and {len(self.keyring.static_names)} from GATEWAY_API_KEYS" if self.keyring.static_names else ""
+            log.info("authentication %s (keys in %s%s)", "on" if keyed else "off", where, static)
         if exposed and not keyed:
             log.warning(
                 "no API keys are configured and the gateway listens on %s: anyone who reaches it can use the "
@@ -140,10 +156,22 @@ class GatewayApp(QuartTrio):
         caller = await self.keyring.identify(scope.get("headers", ()))
         state = scope.setdefault("gateway", {})
         state["caller"], state["key_name"] = caller, caller.name
-        await self.limiter.admit_request(caller)
+        if scope["type"] == "http":  # a WebSocket counts each response.create instead
+            await self.limiter.admit_request(caller)
 
 
 _HOT_PATHS = frozenset({"/v1/responses", "/responses"})
+# Relayed paths that generate (or embed) tokens: admitted against a key's token
+# limit and concurrent streams, and their usage counted.
+_GENERATION_PATHS = frozenset({"completions", "chat/completions", "embeddings", "messages"})
+
+
+def _model_in_path(target: str) -> str | None:
+    """The model a relayed path names (`models/{model}`), decoded."""
+    from urllib.parse import unquote
+
+    head, _, rest = target.partition("/")
+    return unquote(rest) if head == "models" and rest and "/" not in rest else None
 
 
 def _loopback(bind: str) -> bool:
@@ -159,7 +187,8 @@ def _json(data: bytes, status: int = 200) -> Response:
 
 
 def error_response(error: GatewayError) -> Response:
-    """The one function that turns an error into an HTTP response."""
+    """The one function that turns an error into an HTTP response (a 5xx is logged with its cause)."""
+    report(error, f"{request.method} {request.path} {_request_id() or ''}".rstrip())
     response = _json(error_json(error), error.status)
     if isinstance(error, RateLimited):
         response.headers["retry-after"] = str(max(1, math.ceil(error.retry_after)))
@@ -213,7 +242,7 @@ def create_app(
     if backend is not None:
         app.backend = backend
     if store is not None:
-        app.store = ObservedStore(store, app.telemetry)
+        app.store = ObservedStore(store, app.telemetry, location="the embedder's store")
 
     @app.before_serving
     async def _open_resources() -> None:
@@ -238,15 +267,29 @@ def create_app(
             app.backend = owned
         if store is None:
             owned_store = open_store(settings)
-            await _warn_if_not_durable(owned_store)
-            app.store = ObservedStore(owned_store, app.telemetry)
+            await _warn_if_not_durable(owned_store, store_location(settings))
+            app.store = ObservedStore(owned_store, app.telemetry, location=store_location(settings))
+            if hasattr(owned_store, "run_maintenance"):  # SQLite: sweeps expired responses (store/sqlite.py)
+                await app.nursery.start(owned_store.run_maintenance)
         if keys is not None:
             key_store: KeyStore = keys
         else:
             key_store = owned_keys = open_key_store(settings)
         app.keyring = KeyRing(key_store, parse_static_keys(settings.gateway_api_keys, now=clock()))
+        try:
+            await app.keyring.open()
+        except GatewayError as error:
+            log.warning("the key store could not be reached at start-up (%s)", error.cause or key_store.location)
         app.limiter = Limiter(key_store, clock=clock)
         await app.nursery.start(app.limiter.run_renewals)
+        app.readiness = Readiness(
+            app.store,
+            app.backend,
+            app.drain,
+            interval=settings.readiness_interval,
+            store_location=app.store.location,
+        )
+        await app.nursery.start(app.readiness.run)
         app.heartbeats = Heartbeats(settings.heartbeat_interval, stall_timeout=settings.client_stall_timeout)
         await app.nursery.start(app.heartbeats.run)
         app.runner = BackgroundRunner(
@@ -344,9 +387,9 @@ def create_app(
 
     @app.get("/ready")
     async def _ready() -> Response:
-        if app.drain.draining.is_set():
-            return _json(b'{"status":"draining"}', 503)
-        return _json(b'{"status":"ready"}')
+        """What the last background check found (never a check per request)."""
+        ready, body = app.readiness.report()
+        return _json(orjson.dumps(body), 200 if ready else 503)
 
     @app.get("/metrics")
     async def _metrics() -> Response:
@@ -404,7 +447,13 @@ def create_app(
             headers = dict(scope.get("headers", ()))
             try:
                 encoding = headers.get(b"content-encoding", b"").decode("latin-1").strip().lower()
-                body = raw if encoding in ("", "identity") else web.decompress(raw, encoding, settings.max_request_body_bytes)
+                body = (
+                    raw
+                    if encoding in ("", "identity")
+                    else web.decompress(
+                        raw, encoding, settings.max_request_body_bytes, max_ratio=settings.max_decompression_ratio
+                    )
+                )
                 req = parse_create_request(body)
             except GatewayError:
                 req = None  # Quart answers it, as for any request
@@ -424,7 +473,7 @@ def create_app(
                 request_id=notes.get("request_id"),
             )
         except GatewayError as error:
-            await respond_error(send, error)
+            await respond_error(send, error, where=f"POST {scope.get('path')} {notes.get('request_id', '')}".rstrip())
             return
         await asgi_transport.stream(TurnEventStream(turn, heartbeats=app.heartbeats), receive, send)
 
@@ -496,6 +545,7 @@ def create_app(
         previous = body.get("previous_response_id")
         cached = latest.get(previous) if isinstance(previous, str) else None
         try:
+            await app.limiter.admit_request(_caller())  # each response.create is a request
             req = validate_create_request(body)
             turn = await prepare_turn(
                 app.resources,
@@ -509,7 +559,9 @@ def create_app(
         except GatewayError as error:
             if previous:
                 latest.pop(previous, None)  # a failed continuation forgets the id
-            await _ws_send([web.ws_error(error.status, error.code or "invalid_request", error.message, param=error.param)])
+            await _ws_send(
+                [web.ws_error(error.status, error.code or "invalid_request", error.message, param=error.param, type=error.type)]
+            )
             return True
         try:
             await turn.run(_ws_send)
@@ -556,7 +608,7 @@ def create_app(
         compaction = {
             "type": "compaction",
             "id": ids("cmp"),
-            "encrypted_content": sealer.seal("compaction", {"summary": summary}),
+            "encrypted_content": sealer.seal("compaction", {"summary": summary, "owner": _caller().owner}),
         }
         return _json(
             orjson.dumps(
@@ -638,7 +690,10 @@ def create_app(
         caller = _caller()
         model = str(body.get("model") or "")
         chat_id = ids("chatcmpl")
-        slot = await app.limiter.admit_stream(caller, model, chat_id)
+        tokens, max_tokens = token_reservation(body, caller.limits)
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens  # what it reserved bounds what it may use
+        slot = await app.limiter.admit_stream(caller, model, chat_id, tokens=tokens)
         tools = RequestTools()
         if enabled and app.mcp is not None and body.get("tool_choice") != "none":
             own = {t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)}
@@ -655,7 +710,7 @@ def create_app(
                 request.query_string,
                 dict(request.headers),
                 orjson.dumps(body),
-                on_close=functools.partial(app.limiter.release, slot),
+                on_close=functools.partial(app.limiter.settle, slot, caller),
                 drain=app.drain,
             )
             response = Response(passthrough)
@@ -686,6 +741,10 @@ def create_app(
             report_outcome(app.resources, outcome)
             await app.limiter.settle(slot, caller, int(usage.get("total_tokens") or 0))
 
+        async def admit_round(next_request: dict[str, Any]) -> None:
+            """A tool loop's next backend round reserves its tokens like a request of its own."""
+            await app.limiter.reserve(slot, caller, token_reservation(next_request, caller.limits)[0])
+
         if streamed:
             stream = ChatCompletionStream(
                 session,
@@ -698,6 +757,7 @@ def create_app(
                 on_close=settle,
                 drain=app.drain,
                 outcome=outcome,
+                admit_round=admit_round,
             )
             response = Response(stream, content_type="text/event-stream")
             response.timeout = None
@@ -711,7 +771,14 @@ def create_app(
         try:
             with app.drain.stoppable() as stop:
                 failure = await run_rounds(
-                    session, app.backend, collect, tools, call_timeout=call_timeout, concurrency=concurrency, telemetry=app.telemetry
+                    session,
+                    app.backend,
+                    collect,
+                    tools,
+                    call_timeout=call_timeout,
+                    concurrency=concurrency,
+                    telemetry=app.telemetry,
+                    admit_round=admit_round,
                 )
         except trio.Cancelled:
             outcome.client_left = True
@@ -743,20 +810,36 @@ def create_app(
 
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def _passthrough(path: str) -> Response:
-        raw = await web.body_bytes()
-        model = model_of(raw)
-        if model is not None and not _caller().limits.allows_model(model):
-            raise NotFound(
-                f"The model '{model}' does not exist or you do not have access to it.", param="model", code="model_not_found"
-            )
+        """Any other `/v1/{path}`, relayed to the backend; a key's models and limits hold here too."""
+        caller = _caller()
+        limits = caller.limits
+        target = web.passthrough_path(path)
+        headers = dict(request.headers)
+        relayed = read_relayed_body(
+            await web.body_bytes(),
+            request.headers.get("content-type", ""),
+            strict=caller.key is not None and limits.models is not None,
+        )
+        if relayed.content_type is not None:
+            headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+            headers["content-type"] = relayed.content_type
+        for model in (relayed.model, *request.args.getlist("model"), _model_in_path(target)):
+            if model is not None:
+                app.limiter.check_model(caller, model)
+        slot = None
+        if request.method == "POST" and target in _GENERATION_PATHS:
+            fields = relayed.fields or ({"input": relayed.data.decode("utf-8", "replace")} if relayed.data else {})
+            tokens, _ = token_reservation(fields, limits, generates=target != "embeddings")
+            slot = await app.limiter.admit_stream(caller, relayed.model or "", ids("relay"), tokens=tokens)
         body = web.PassthroughBody(
             app.backend,
             request.method,
-            web.passthrough_path(path),
+            target,
             request.query_string,
-            dict(request.headers),
-            raw,
+            headers,
+            relayed.data,
             drain=app.drain,
+            on_close=functools.partial(app.limiter.settle, slot, caller),
         )
         response = Response(body)
         response.timeout = None
@@ -790,14 +873,19 @@ async def _run_to_end(turn: Turn) -> dict[str, Any]:
     return turn.response
 
 
-async def _warn_if_not_durable(store: ResponseStore) -> None:
+async def _warn_if_not_durable(store: ResponseStore, location: str) -> None:
     check = getattr(store, "durability_warning", None)
     if check is None:
         return
     try:
         warning = await check()
-    except GatewayError:
-        warning = "could not reach the store at start-up to check that it keeps what it acknowledges"
+    except GatewayError as error:
+        original = error.__cause__
+        detail = f" ({type(original).__name__}: {original})" if original is not None else ""
+        warning = (
+            f"the store ({location}) could not be reached at start-up{detail}; requests that need it get 503 "
+            "until it answers, and /ready says so"
+        )
     if warning:
         log.warning("%s", warning)
 

@@ -33,7 +33,8 @@ from typing import Any
 
 import trio
 
-from .errors import GatewayError, InternalError, InvalidRequest, RateLimited, ShuttingDown, error_json
+from . import loops
+from .errors import GatewayError, InternalError, InvalidRequest, LoopDetected, RateLimited, ShuttingDown, error_json, report
 from .observe import Telemetry, route_of
 
 __all__ = ["Edge", "TooManyWebSockets", "is_failure", "respond_error"]
@@ -86,12 +87,21 @@ class Edge:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
-        if kind == "http":
-            await self._http(scope, receive, send)
-        elif kind == "websocket":
-            await self._websocket(scope, receive, send)
-        else:
+        if kind not in ("http", "websocket"):
             await self._app(scope, receive, send)
+            return
+        try:  # the gateways this request passed through go with its backend calls
+            hops = loops.arrived(scope.get("headers", ()))
+        except LoopDetected as loop:
+            scope.setdefault("gateway", {})["loop"] = loop  # refused below, with the other refusals
+            hops = None
+        try:
+            if kind == "http":
+                await self._http(scope, receive, send)
+            else:
+                await self._websocket(scope, receive, send)
+        finally:
+            loops.reset(hops)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         began = trio.current_time()
@@ -102,7 +112,12 @@ class Edge:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", request_id.encode())]}
+                extra = [(b"x-request-id", request_id.encode())]
+                caller = (scope.get("gateway") or {}).get("caller")
+                rate = getattr(caller, "rate", None)
+                if rate:  # what the limiter learnt of the key's limits (OpenAI's x-ratelimit-* headers)
+                    extra += [(name.encode(), value.encode()) for name, value in rate.items()]
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope.get("headers", ())}
@@ -132,14 +147,14 @@ class Edge:
             # The body is read first: answering while the server is still
             # parsing the request races its own handling of what follows.
             await _drain(receive)
-            await respond_error(send, refusal, close=True)
+            await respond_error(send, refusal, close=True, where=_where(scope))
             return
         path = scope.get("path", "")
         if path not in self._open_paths:
             refusal = await self._admit(scope)
             if refusal is not None:
                 await _drain(receive)
-                await respond_error(send, refusal, close=isinstance(refusal, ShuttingDown))
+                await respond_error(send, refusal, close=isinstance(refusal, ShuttingDown), where=_where(scope))
                 return
         started = False
 
@@ -300,6 +315,9 @@ _SANE_ID = re.compile(rb"[A-Za-z0-9._:@/+=-]{1,128}")
 
 def _refusal(scope: Scope) -> GatewayError | None:
     """Why the request is refused before the app sees it, or None."""
+    loop = (scope.get("gateway") or {}).get("loop")
+    if loop is not None:
+        return loop
     if _CONTROL_CHARACTER.search(scope.get("path", "")):
         return InvalidRequest("The request path contains control characters.", code="invalid_path")
     if scope["type"] == "http":
@@ -322,8 +340,10 @@ async def _drain(receive: Receive, limit: int = 1 << 20) -> None:
             seen += len(message.get("body", b""))
 
 
-async def respond_error(send: Send, error: GatewayError, *, close: bool = False) -> None:
-    """An error as a whole JSON response in OpenAI's shape (`close`: end the connection after it)."""
+async def respond_error(send: Send, error: GatewayError, *, close: bool = False, where: str = "") -> None:
+    """An error as a whole JSON response in OpenAI's shape (`close`: end the connection after it);
+    a 5xx is logged with its cause (`where`: the request it answers)."""
+    report(error, where)
     body = error_json(error)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if isinstance(error, RateLimited):
@@ -338,6 +358,7 @@ async def respond_error(send: Send, error: GatewayError, *, close: bool = False)
 
 async def _deny(scope: Scope, send: Send, error: GatewayError) -> None:
     """Refuse a WebSocket handshake with an HTTP error response (or a close where the server cannot)."""
+    report(error, _where(scope))
     if "websocket.http.response" in (scope.get("extensions") or {}):
         body = error_json(error)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -356,6 +377,12 @@ def is_failure(exc: BaseException) -> bool:
         _, rest = exc.split((trio.Cancelled, KeyboardInterrupt, SystemExit))
         return exits is None and rest is not None
     return isinstance(exc, Exception)
+
+
+def _where(scope: Scope) -> str:
+    """The request a log line is about: method, path and request id."""
+    request_id = (scope.get("gateway") or {}).get("request_id", "")
+    return f"{scope.get('method', 'WEBSOCKET')} {scope.get('path', '')} {request_id}".rstrip()
 
 
 def _log_failure(scope: Scope, exc: BaseException) -> None:

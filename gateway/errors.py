@@ -19,14 +19,18 @@ libraries, so the pure core can use it.
     │   └── BackendStreamError    an error payload inside a 200 stream, or a cut stream
     ├── StoreUnavailable          503 (the conversation store could not be reached)
     ├── ShuttingDown              503 (the gateway is draining)
+    ├── LoopDetected              508 (the request came back through this gateway)
     └── InternalError             500 (a bug; details only in DEBUG logs)
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
+
+_log = logging.getLogger("gateway")
 
 __all__ = [
     "BackendError",
@@ -37,6 +41,7 @@ __all__ = [
     "GatewayError",
     "InternalError",
     "InvalidRequest",
+    "LoopDetected",
     "NotFound",
     "RequestTooLarge",
     "RateLimited",
@@ -45,6 +50,7 @@ __all__ = [
     "Unauthorized",
     "error_body",
     "error_json",
+    "report",
 ]
 
 
@@ -54,13 +60,20 @@ class GatewayError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str | None = "server_error"
+    # What failed, for the operator's log line (a store and its URL, a backend's
+    # name and URL, the library's error): never sent to a client.
+    cause: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None, cause: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         if code is not None:
             self.code = code
+        if cause is not None:
+            self.cause = cause
 
     def payload(self) -> dict[str, Any]:
         """The OpenAI error object: message, type, param, code."""
@@ -109,6 +122,14 @@ class ShuttingDown(GatewayError):
     status = 503
     type = "server_error"
     code = "server_shutting_down"
+
+
+class LoopDetected(GatewayError):
+    """A request that came back through the gateway that sent it (a backend URL that leads to itself)."""
+
+    status = 508
+    type = "server_error"
+    code = "loop_detected"
 
 
 class NotFound(GatewayError):
@@ -235,6 +256,15 @@ def error_fields(data: Any) -> tuple[str, str | None, str | None, str | None]:
         code = None  # llama.cpp puts the HTTP status here; that is not an OpenAI code
     param = err.get("param") if isinstance(err.get("param"), str) else None
     return message[:_MAX_MESSAGE], type_, code, param
+
+
+def report(error: GatewayError, where: str = "") -> None:
+    """The operator's line for an error a client is answered with: every 5xx, naming its cause
+    (what failed: a store and its URL, a backend's name and URL), never a traceback."""
+    if error.status >= 500:
+        _log.warning(
+            "%s answered %d %s: %s", where or "a request", error.status, error.code, error.cause or error.message
+        )
 
 
 def error_body(exc: GatewayError) -> dict[str, Any]:

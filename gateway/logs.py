@@ -26,6 +26,10 @@ everything else escaped the same way, and each of its lines indented by two
 spaces: only a record's first line starts at the left margin, so an
 exception message cannot forge a record either.  Below DEBUG a record with
 an exception gets only ` (ExceptionType)` appended.
+
+The log file (LOG_FILE_PATH) carries response ids, key names and error
+details: it and its rotated copies are readable by their owner only (0600,
+an existing file tightened too), in a directory created 0700.
 """
 
 from __future__ import annotations
@@ -128,6 +132,39 @@ class JsonFormatter(SafeFormatter):
         return redactor.redact(line)
 
 
+class _PrivateFileHandler(logging.handlers.RotatingFileHandler):
+    """A rotating log file created 0600, and reopened so after each rollover.
+
+    A rollover renames the file (its copies keep its mode) and opens a new
+    one through `_open`, which the standard handler creates with the umask's
+    mode (0644, usually).
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, maxBytes=10 * 1024 * 1024, backupCount=3)
+        for n in range(1, self.backupCount + 1):  # copies an earlier version rotated
+            _tighten(self.rotation_filename(f"{self.baseFilename}.{n}"))
+
+    def _open(self) -> Any:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # a file that existed before keeps its mode otherwise
+        except PermissionError:
+            pass  # not ours to change; writing to it still works
+        try:
+            return open(fd, "a", encoding=self.encoding, errors=self.errors)
+        except BaseException:
+            os.close(fd)
+            raise
+
+
+def _tighten(path: str) -> None:
+    try:
+        os.chmod(path, 0o600)
+    except (FileNotFoundError, PermissionError):
+        pass
+
+
 def configure_logging(settings: Settings, *, redactor: Redactor | None = None) -> Redactor:
     """Route every logger through the gateway's handlers; returns the redactor in use.
 
@@ -158,10 +195,8 @@ def configure_logging(settings: Settings, *, redactor: Redactor | None = None) -
     if settings.log_file_path:
         directory = os.path.dirname(settings.log_file_path)
         if directory:
-            os.makedirs(directory, exist_ok=True)
-        handlers.append(
-            logging.handlers.RotatingFileHandler(settings.log_file_path, maxBytes=10 * 1024 * 1024, backupCount=3)
-        )
+            os.makedirs(directory, mode=0o700, exist_ok=True)  # an existing directory is the operator's
+        handlers.append(_PrivateFileHandler(settings.log_file_path))
     formatter = (JsonFormatter if settings.log_format == "json" else SafeFormatter)(redactor, tracebacks=debug)
     for handler in handlers:
         handler.setFormatter(formatter)

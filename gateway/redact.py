@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 if TYPE_CHECKING:
     from .config import Settings
 
-__all__ = ["MARKER", "MIN_SECRET_LENGTH", "Redactor", "StreamRedactor"]
+__all__ = ["MARKER", "MIN_SECRET_LENGTH", "Redactor", "StreamRedactor", "public_url"]
 
 MARKER = "[redacted]"
 MIN_SECRET_LENGTH = 6
@@ -167,3 +167,15 @@ def _url_secrets(url: str) -> list[str]:
     userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
     found = [value for value in (password, userinfo) if value]
     return found + [unquote(value) for value in found]
+
+
+def public_url(url: str) -> str:
+    """`url` fit for a log line or a CLI message: its password (and user) replaced by the marker."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(an invalid URL)"
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{MARKER}@{host}").geturl()

@@ -11,29 +11,47 @@ gateway uses) for what hypercorn has no setting for:
 - a request's line and headers must arrive within `REQUEST_HEADER_TIMEOUT`
   once its first byte has (a client trickling headers would otherwise hold a
   connection until the 75 s keep-alive timer);
-- SIGTERM and SIGINT shut down in order: listening stops, the app's shutdown
-  runs (running background responses are recorded as cancelled) and the
-  process exits 0;
-- a gateway that cannot start (its store cannot be opened) says why in one
-  line instead of a traceback, and never claims to be serving.
+- a connection whose client closed while no request was in progress is
+  closed at once (hypercorn kept it, in CLOSE-WAIT, until the keep-alive
+  timer ran out); a request in progress still sees `http.disconnect`;
+- a write to a client that makes no progress for `CLIENT_STALL_TIMEOUT`
+  resets the connection (hypercorn's write has no deadline: a client that
+  stops reading held its connection and buffers for ever); the app sees
+  `http.disconnect`.  Slow writes that progress are not cut;
+- SIGTERM and SIGINT shut down in order: every process stops accepting at
+  once (with `--workers N` the parent closes its copy of the listening
+  sockets as the signal arrives, and the workers hear of it through a pipe,
+  not a poll), so new connections are refused rather than left unanswered;
+  the app drains (`gateway.drain`: open streams get `SHUTDOWN_GRACE`, new
+  requests 503 `server_shutting_down`); every response from then on says
+  `Connection: close`; connections already open are kept for a short linger,
+  `min(SHUTDOWN_GRACE, 5 s)`, so that kept-alive clients (a load balancer's)
+  learn of the drain from a 503 rather than a reset, unless they close first;
+  then the app's shutdown runs and the process exits 0;
+- a gateway that cannot start (its store cannot be opened, a backend URL
+  that is its own address) says why in one line instead of a traceback, and
+  never claims to be serving.
 
 hypercorn's `run` cannot be reused for `--workers N`: its workers construct
-hypercorn's own `TCPServer`, so the header deadline would be lost there.
+hypercorn's own `TCPServer`, so these rules would be lost there.
 What the app sees of HTTP (the edge rules) lives in `gateway.edge`, not here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
 import math
 import signal
+import socket
+import struct
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from multiprocessing import get_context
-from multiprocessing.connection import wait
-from multiprocessing.synchronize import Event as EventType
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import SpawnContext
 from typing import Any
 
 import h11
@@ -48,7 +66,6 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import (
     LifespanFailureError,
     ShutdownError,
-    check_multiprocess_shutdown_event,
     raise_shutdown,
     repr_socket_addr,
     wrap_app,
@@ -63,6 +80,11 @@ __all__ = ["StartupError", "hypercorn_config", "run", "serve"]
 log = logging.getLogger("gateway")
 
 _SEND_408_WITHIN = 1.0  # seconds; the 408 is a courtesy to a client that is already too slow
+# Once the drain begins, how long open connections are kept (at most; never
+# beyond SHUTDOWN_GRACE) so that a kept-alive client's next request is
+# answered 503 rather than met by a closed connection.
+_LINGER = 5.0
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset and frees the buffers
 
 
 class StartupError(Exception):
@@ -106,9 +128,42 @@ async def serve(
     app = app if app is not None else create_app(settings)
     config = hypercorn_config(settings, host=host, port=port)
     sockets = config.create_sockets()
+    try:
+        await trio.to_thread.run_sync(_refuse_self_reference, settings, sockets)  # it may resolve host names
+    except StartupError:
+        for sock in sockets.insecure_sockets:
+            sock.close()
+        raise
     for sock in sockets.insecure_sockets:
         sock.listen(config.backlog)
     await _serve_sockets(app, config, sockets, settings, shutdown_trigger, own_process=own_process, task_status=task_status)
+
+
+def _refuse_self_reference(settings: Settings, sockets: Sockets) -> None:
+    """A backend URL that is the gateway's own address would send every request round in circles.
+
+    Raises:
+        StartupError: naming the setting and the URL.
+    """
+    from .loops import self_references
+
+    binds = [f"http://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in sockets.insecure_sockets]
+    where = "OPENAI_BASE_URL_INTERNAL"
+    urls = [settings.openai_base_url_internal]
+    if settings.gateway_config:
+        from .backends.config import load_config
+
+        where = settings.gateway_config
+        try:
+            urls = [backend.base_url for backend in load_config(settings.gateway_config).backends.values()]
+        except ConfigError as error:
+            raise StartupError(str(error)) from None
+    looped = self_references(urls, binds)
+    if looped:
+        raise StartupError(
+            f"{where}: the backend {looped[0]} is this gateway itself ({binds[0]}); "
+            "every request would come back here without end"
+        )
 
 
 async def _serve_sockets(
@@ -194,18 +249,26 @@ async def _serve_connections(
     gateway: Any = None,
 ) -> None:
     """Accept connections until shutdown; then stop listening, drain (the app's streams,
-    turns and background responses finish or end well), and give open connections
-    `graceful_timeout` to write what is left."""
+    turns and background responses finish or end well, open connections linger), and
+    give what is still open `graceful_timeout` to write what is left."""
     context = WorkerContext(None)
     listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets.insecure_sockets]
     binds = [f"http://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in sockets.insecure_sockets]
+    connections = _OpenConnections()
     handler = functools.partial(
-        _GatewayTCPServer, app, config, context, ConnectionState(lifespan_state.copy()), settings.request_header_timeout
+        _GatewayTCPServer,
+        app,
+        config,
+        context,
+        ConnectionState(lifespan_state.copy()),
+        header_timeout=settings.request_header_timeout,
+        stall_timeout=settings.client_stall_timeout,
+        connections=connections,
     )
     async with trio.open_nursery() as server_nursery:
         log.info("serving the Responses gateway on %s (backend %s)", binds[0], settings.openai_base_url_internal)
         if gateway is not None and hasattr(gateway, "serving"):
-            await gateway.serving(binds)
+            await gateway.serving(binds, stalls_bounded=True)
         task_status.started(binds[0])
         graceful = False
         try:
@@ -223,10 +286,40 @@ async def _serve_connections(
         finally:
             for listener in listeners:
                 listener.socket.close()  # new connections are refused, not queued unanswered
-            if graceful and gateway is not None and hasattr(gateway, "drain"):
-                await gateway.drain.run(settings.shutdown_grace)
+            if graceful:
+                log.info("stopped listening (%d connections open)", connections.count)
+                linger_until = trio.current_time() + min(settings.shutdown_grace, _LINGER)
+                # hypercorn adds `Connection: close` to a response once its connection
+                # has served this many requests: from now on, every response (h2: GOAWAY).
+                config.keep_alive_max_requests = 0
+                if gateway is not None and hasattr(gateway, "drain"):
+                    await gateway.drain.run(settings.shutdown_grace)
+                with trio.move_on_at(linger_until):  # nothing open (or all closed): no wait at all
+                    await connections.wait_none()
             await context.terminated.set()  # idle connections close; busy ones get the grace period
             server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+
+
+class _OpenConnections:
+    """How many connections a worker holds open; the drain waits (bounded) for none."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._none = trio.Event()
+        self._none.set()
+
+    def opened(self) -> None:
+        self.count += 1
+        if self.count == 1:
+            self._none = trio.Event()
+
+    def closed(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._none.set()
+
+    async def wait_none(self) -> None:
+        await self._none.wait()
 
 
 class _Lifespan(Lifespan):
@@ -241,26 +334,43 @@ class _Lifespan(Lifespan):
 
 
 class _GatewayTCPServer(TCPServer):
-    """hypercorn's connection handler, with a deadline for each request's line and headers.
+    """hypercorn's connection handler, with a deadline for each request's line and headers,
+    a bound on writes that make no progress, and no wait once the client has closed.
 
     hypercorn runs one timer per connection (`_idle_timeout`, restarted
     whenever the connection falls idle, stopped once a request's headers are
     complete): the 75 s keep-alive timer.  Here the first byte of a request
     cuts that timer short to `header_timeout` from that byte; when it fires
     the client gets a 408 (if h11 can still send one) and the connection is
-    closed.  HTTP/1.1 only: h2c connections keep hypercorn's own timers.
+    closed.  The end of the client's side (EOF, a reset) fires it at once.
+    HTTP/1.1 only: h2c connections keep hypercorn's own timers.
     """
 
-    def __init__(self, app: Any, config: Config, context: Any, state: Any, header_timeout: float, stream: Any) -> None:
+    def __init__(
+        self,
+        app: Any,
+        config: Config,
+        context: Any,
+        state: Any,
+        stream: Any,
+        *,
+        header_timeout: float,
+        stall_timeout: float,
+        connections: _OpenConnections,
+    ) -> None:
         super().__init__(app, config, context, state, stream)
         self._header_timeout = header_timeout
+        self._stall_timeout = stall_timeout
+        self._connections = connections
         self._idle_timer: trio.CancelScope | None = None  # the running idle timer's scope, if any
         self._headers_due: float | None = None  # set once a request has begun while the timer runs
+        self._read_over = False  # the client closed or reset the connection (or it timed out): nothing more comes
 
     async def run(self) -> None:
         # hypercorn lets a failure of its own protocol code on one connection
         # (an h11 LocalProtocolError, say) escape into the nursery that serves
         # every connection, ending the process.  It ends this connection only.
+        self._connections.opened()
         try:
             await super().run()
         except BaseException as exc:
@@ -268,32 +378,69 @@ class _GatewayTCPServer(TCPServer):
                 raise
             log.error("the HTTP server failed on one connection (%s); it is closed", type(exc).__name__)
             log.debug("connection failure", exc_info=exc)
+        finally:
+            self._connections.closed()
+
+    async def protocol_send(self, event: Any) -> None:
+        if not (isinstance(event, RawData) and isinstance(self.stream, trio.SocketStream)):
+            await super().protocol_send(event)
+            return
+        # hypercorn's write, shielded as there (half a write would corrupt the
+        # response), but bounded by progress: each partial send restarts the
+        # clock, so a large write to a slow reader goes on while it moves.
+        async with self.send_lock:
+            socket_ = self.stream.socket
+            try:
+                with trio.CancelScope(shield=True) as write, memoryview(event.data) as data:
+                    sent = 0
+                    while sent < len(data):
+                        write.deadline = trio.current_time() + self._stall_timeout
+                        with data[sent:] as rest:
+                            sent += await socket_.send(rest)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())  # the client is gone (reset, or closed by us)
+                return
+            if write.cancelled_caught:
+                log.info("reset a connection whose client stopped reading (no progress for %g s)", self._stall_timeout)
+                _reset(socket_)
+                await self.protocol.handle(Closed())
 
     async def _read_data(self) -> None:
-        # hypercorn's loop, plus the one call that starts the header clock.
+        # hypercorn's loop, plus the one call that starts the header clock,
+        # and the end of the idle timer once nothing more can be read.
         while True:
             try:
                 with trio.fail_after(self.config.read_timeout or math.inf):
                     data = await self.stream.receive_some(MAX_RECV)
             except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
                 break
+            if data == b"":
+                self._read_over = True  # before the protocol hears of it: it may restart the idle timer meanwhile
             await self.protocol.handle(RawData(bytes(data)))
             if data == b"":
                 break
             self._start_header_clock()
+        self._read_over = True
         await self.protocol.handle(Closed())
+        if self._idle_timer is not None:
+            # The client closed (or reset) an idle connection: close it now.
+            # hypercorn waited for the keep-alive timer, holding the socket (in
+            # CLOSE-WAIT after a FIN) all that time.
+            self._idle_timer.cancel()
 
     async def _idle_timeout(self) -> None:
         with trio.CancelScope(deadline=trio.current_time() + self.config.keep_alive_timeout) as timer:
             self._idle_timer, self._headers_due = timer, None
             try:
+                if self._read_over:  # the client left while its last request was answered
+                    timer.cancel()
                 self._start_header_clock()  # a pipelined request may already have begun
                 await self.context.terminated.wait()
             finally:
                 if self._idle_timer is timer:  # unless a restarted timer took over already
                     self._idle_timer = None
         with trio.CancelScope(shield=True):
-            if timer.cancelled_caught and self._headers_due is not None:
+            if timer.cancelled_caught and self._headers_due is not None and not self._read_over:
                 await self._send_408()
             await self._initiate_server_close()
 
@@ -331,6 +478,13 @@ class _GatewayTCPServer(TCPServer):
                     await self.stream.send_eof()  # a FIN after it, so the client reads it before the close
                 except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
                     pass
+
+
+def _reset(socket_: trio.socket.SocketType) -> None:
+    """Close with a reset: the kernel drops what the client never read, now."""
+    with contextlib.suppress(OSError):
+        socket_.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+    socket_.close()  # the connection's read loop wakes with ClosedResourceError
 
 
 def _startup_message(error: BaseException) -> str:
@@ -379,17 +533,24 @@ def _run_workers(settings: Settings, *, host: str | None, port: int | None, work
 
     config = hypercorn_config(settings, host=host, port=port)
     sockets = config.create_sockets()
+    try:
+        _refuse_self_reference(settings, sockets)
+    except StartupError:
+        for sock in sockets.insecure_sockets:
+            sock.close()
+        raise
     for sock in sockets.insecure_sockets:
         sock.listen(config.backlog)
     context = get_context("spawn")
-    stop = context.Event()
+    stop = _Stop(context)
     processes: list[Any] = []
     stopping = False
+    signalled: str | None = None
 
-    def on_signal(*_: Any) -> None:
-        nonlocal stopping
-        stopping = True
-        stop.set()
+    def on_signal(signum: int, _: Any) -> None:
+        nonlocal stopping, signalled
+        stopping, signalled = True, signal.Signals(signum).name
+        stop.set()  # the workers hear of it now; the wait below wakes too
 
     # Workers inherit "ignore SIGINT" (a terminal's Ctrl-C reaches the whole
     # process group): the parent decides when they stop.
@@ -401,12 +562,12 @@ def _run_workers(settings: Settings, *, host: str | None, port: int | None, work
         try:
             while not stopping:
                 while len(processes) < workers:
-                    process = context.Process(target=_worker, args=(settings, host, port, sockets, stop))
+                    process = context.Process(target=_worker, args=(settings, host, port, sockets, stop.heard))
                     process.start()
                     processes.append(process)
                 signal.signal(signal.SIGINT, on_signal)
                 signal.signal(signal.SIGTERM, on_signal)
-                wait([process.sentinel for process in processes])
+                wait([*(process.sentinel for process in processes), stop.heard])
                 for process in [p for p in processes if not p.is_alive()]:
                     processes.remove(process)
                     worker_exited(process.pid)
@@ -415,22 +576,43 @@ def _run_workers(settings: Settings, *, host: str | None, port: int | None, work
                         stop.set()
                     elif not stopping:
                         log.warning("worker %s exited (%s); starting another", process.pid, process.exitcode)
+            # The parent's copies of the listening sockets, closed at once: while
+            # one is open the kernel still accepts connections nobody will answer.
+            for sock in sockets.insecure_sockets:
+                sock.close()
+            if signalled is not None:
+                log.info("stopping (%s): stopped listening; %d workers drain", signalled, len(processes))
         finally:
             stop.set()
+            for sock in sockets.insecure_sockets:
+                sock.close()
             for process in processes:
                 process.join(settings.shutdown_grace + config.graceful_timeout + 15)
                 if process.is_alive():
                     process.terminate()
                 worker_exited(process.pid)
-            for sock in sockets.insecure_sockets:
-                sock.close()
     return exitcode
 
 
 _CANNOT_START = 3
 
 
-def _worker(settings: Settings, host: str | None, port: int | None, sockets: Sockets, stop: EventType) -> None:
+class _Stop:
+    """The parent's word to its workers that they stop: a pipe whose write end only the parent holds.
+
+    Closing it wakes every worker at once (hypercorn's multiprocessing event is
+    polled every 0.1 s), and a parent that dies without a word closes it too, so
+    no worker is left behind serving on its own.
+    """
+
+    def __init__(self, context: SpawnContext) -> None:
+        self.heard, self._said = context.Pipe(duplex=False)  # `heard` is handed to every worker
+
+    def set(self) -> None:
+        self._said.close()  # idempotent: the signal handler and the loop may both say it
+
+
+def _worker(settings: Settings, host: str | None, port: int | None, sockets: Sockets, stop: Connection) -> None:
     """One worker process (spawned: it builds its own app and logging)."""
     from .logs import configure_logging
 
@@ -442,13 +624,13 @@ def _worker(settings: Settings, host: str | None, port: int | None, sockets: Soc
         sys.exit(_CANNOT_START)
 
 
-async def _serve_worker(settings: Settings, config: Config, sockets: Sockets, stop: EventType) -> None:
-    # The parent's stop event, or a SIGTERM of the worker's own: a service
+async def _serve_worker(settings: Settings, config: Config, sockets: Sockets, stop: Connection) -> None:
+    # The parent's stop, or a SIGTERM of the worker's own: a service
     # manager may signal every process of the service at once (systemd does).
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         stopped = functools.partial(
             _first_of,
-            functools.partial(check_multiprocess_shutdown_event, stop, trio.sleep),
+            functools.partial(trio.lowlevel.wait_readable, stop.fileno()),  # readable: the parent closed its end
             functools.partial(_wait_for_signal, signals),
         )
         await _serve_sockets(create_app(settings), config, sockets, settings, stopped, own_process=True)

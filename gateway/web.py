@@ -21,10 +21,11 @@ from quart import Response, current_app, request
 from .backends import PassthroughBackend
 from .transport.background import TERMINAL, BackgroundJob
 from .drain import Drain
-from .errors import GatewayError, InvalidRequest, RequestTooLarge, ShuttingDown, error_json
+from .errors import BackendTimeout, GatewayError, InvalidRequest, RequestTooLarge, ShuttingDown, error_json, report
 from .store import StoredResponse
 from .transport.sse import DeferredHeadBody
 from .streams.sse import encode_done, encode_event
+from .streams.usage import UsageMeter
 
 __all__ = [
     "PassthroughBody",
@@ -122,9 +123,9 @@ def passthrough_path(path: str) -> str:
     return "/".join(quote(segment, safe="") for segment in segments)
 
 
-def ws_error(status: int, code: str, message: str, *, param: str | None = None) -> dict[str, Any]:
-    """The spec's WebSocket error envelope."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
+def ws_error(status: int, code: str, message: str, *, param: str | None = None, type: str | None = None) -> dict[str, Any]:
+    """The spec's WebSocket error envelope (`type`: the error's own, else by status)."""
+    kind = type or ("invalid_request_error" if status < 500 else "server_error")
     return {"type": "error", "status": status, "error": {"type": kind, "code": code, "message": message, "param": param}}
 
 
@@ -174,7 +175,7 @@ async def body_bytes() -> bytes:
     """The request body, decompressed when the client sent it compressed (Codex sends zstd).
 
     Raises:
-        RequestTooLarge: the decompressed body passes the configured limit.
+        RequestTooLarge: the decompressed body passes the configured limit or ratio.
         InvalidRequest: an unknown or corrupt encoding.
     """
     data = await request.get_data(as_text=False)
@@ -182,23 +183,35 @@ async def body_bytes() -> bytes:
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
         return raw
-    limit = int(current_app.config["MAX_CONTENT_LENGTH"])
-    return decompress(raw, encoding, limit)
+    settings = getattr(current_app, "settings")
+    return decompress(raw, encoding, settings.max_request_body_bytes, max_ratio=settings.max_decompression_ratio)
 
 
-def decompress(raw: bytes, encoding: str, limit: int) -> bytes:
+# A compressed body may always inflate this far; beyond it, at most `max_ratio` times
+# its own size (JSON compresses 5-20 times; a bomb, a thousand).
+RATIO_FLOOR = 8 * 1024 * 1024
+
+
+def decompress(raw: bytes, encoding: str, limit: int, *, max_ratio: float) -> bytes:
+    """`raw` decompressed, never holding more than it may inflate to.
+
+    Raises:
+        RequestTooLarge: it inflates past `limit`, or past `max_ratio` times its size once
+            past `RATIO_FLOOR` (refused as soon as the bound is reached, before parsing).
+        InvalidRequest: an unknown encoding, or bytes that are not what the header says.
+    """
     import zlib
 
+    allowed = min(limit, max(RATIO_FLOOR, int(len(raw) * max_ratio)))
+    out: bytes | None
     try:
         if encoding == "zstd":
             import zstandard
 
             with zstandard.ZstdDecompressor().stream_reader(raw) as reader:
-                out = reader.read(limit + 1)
+                out = reader.read(allowed + 1)
         elif encoding in ("gzip", "deflate"):
-            window = 31 if encoding == "gzip" else 15
-            inflater = zlib.decompressobj(window)
-            out = inflater.decompress(raw, limit + 1)
+            out = _inflate(raw, 31 if encoding == "gzip" else 15, allowed + 1)
         else:
             raise InvalidRequest(
                 f"Unsupported Content-Encoding '{encoding}': use zstd, gzip, deflate or none.",
@@ -211,9 +224,33 @@ def decompress(raw: bytes, encoding: str, limit: int) -> bytes:
         raise InvalidRequest(
             f"The request body is not valid {encoding} data.", param="content-encoding", code="invalid_encoding"
         ) from None
-    if len(out) > limit:  # a small body that inflates past the limit
+    if out is None or len(out) > allowed:
+        if allowed < limit:  # a small body that inflates out of all proportion
+            raise RequestTooLarge(
+                f"The compressed request body inflates more than {max_ratio:g} times its size "
+                f"(MAX_DECOMPRESSION_RATIO) past {RATIO_FLOOR} bytes."
+            )
         raise RequestTooLarge(f"The decompressed request body exceeds the limit of {limit} bytes.")
     return out
+
+
+def _inflate(raw: bytes, window: int, most: int) -> bytes | None:
+    """gzip or deflate, a MiB at a time (zlib's own growth of one large output buffer would hold
+    twice the bound); None once it reaches `most` bytes."""
+    import zlib
+
+    inflater = zlib.decompressobj(window)
+    pieces: list[bytes] = []
+    size = 0
+    data = raw
+    while size < most:
+        piece = inflater.decompress(data, min(1 << 20, most - size))
+        pieces.append(piece)
+        size += len(piece)
+        data = inflater.unconsumed_tail
+        if inflater.eof or (not piece and not data):
+            break
+    return None if size >= most else b"".join(pieces)
 
 
 _SHUTTING_DOWN = "The gateway shut down before the backend's answer finished; send the request again."
@@ -222,9 +259,14 @@ _SHUTTING_DOWN = "The gateway shut down before the backend's answer finished; se
 class PassthroughBody(DeferredHeadBody):
     """Relays one `/v1/{path}` request to the backend, streaming the answer.
 
-    A drain that runs out of time stops it: before the backend answered,
-    the client gets a 503; in an event stream, an `error` event and
-    `[DONE]` after the last whole event; any other body simply ends.
+    The body is watched as it passes (`UsageMeter`): `on_close` hears the
+    tokens it reported (None when it reported none; 0 for an error answer
+    that generated nothing).  A backend that sends no data (in an event
+    stream, comments and keep-alives are not data) for its read timeout
+    (`STREAM_TIMEOUT`) ends the body: an event stream with an `error`
+    event (`backend_timeout`) and `[DONE]` after the last whole event.  A
+    drain that runs out of time stops it the same way (`server_shutting_down`);
+    before the backend answered, the client gets a 503.
     """
 
     def __init__(
@@ -236,23 +278,28 @@ class PassthroughBody(DeferredHeadBody):
         headers: dict[str, str],
         body: bytes,
         *,
-        on_close: Callable[[], Awaitable[None]] | None = None,
+        on_close: Callable[[int | None], Awaitable[None]] | None = None,
         drain: Drain | None = None,
     ) -> None:
-        """`on_close` runs once the body is done (a stream slot to give back, say)."""
+        """`on_close` runs once the body is done, with the tokens it reported (a stream slot to
+        give back, a reservation to settle)."""
         self._backend = backend
         self._on_close = on_close
         self._drain = drain
+        self._path = path
         self._args = (method, path, query, headers, body)
         self._cm: Any = None
         self._upstream: Any = None
         self._error: bytes | None = None
         self._status = 502
         self._chunks: Any = None
+        self._meter: UsageMeter | None = None
         self._events = False  # the answer is an event stream
         self._read: trio.CancelScope | None = None  # around the read in progress
         self._stopped = False
-        self._ending: bytes | None = None  # what an event stream ends with when stopped
+        self._ending = b""  # what an event stream needs before a last event (a blank line)
+        self._data_timeout: float | None = None
+        self._data_at = 0.0  # when data last came
 
     async def __aenter__(self) -> PassthroughBody:
         if self._drain is not None:
@@ -264,6 +311,7 @@ class PassthroughBody(DeferredHeadBody):
                     self._read.cancel()
                 self._upstream = await cm.__aenter__()
         except GatewayError as error:
+            report(error, f"relaying /v1/{self._path}")
             self._error, self._status = error_json(error), error.status
         else:
             if self._read.cancelled_caught:
@@ -273,6 +321,9 @@ class PassthroughBody(DeferredHeadBody):
             self._cm = cm
             self._chunks = self._upstream.__aiter__()
             self._events = "text/event-stream" in str(self._upstream.headers.get("content-type", ""))
+            self._meter = UsageMeter(events=self._events)
+            self._data_timeout = getattr(self._upstream, "data_timeout", None)
+            self._data_at = trio.current_time()
         finally:
             self._read = None
         return self
@@ -297,22 +348,34 @@ class PassthroughBody(DeferredHeadBody):
             return answer
         if self._chunks is None:
             raise StopAsyncIteration
-        if self._drain is None:
-            return await self._next_chunk()
-        if not self._stopped:
+        ending: GatewayError | None = None
+        if self._stopped:
+            ending = ShuttingDown(_SHUTTING_DOWN)
+        else:
             data: bytes | None = None
-            with trio.CancelScope() as self._read:  # cancelled only by a drain out of time
+            with trio.CancelScope() as self._read:  # cancelled by a drain out of time, or the data deadline
+                if self._data_timeout:
+                    self._read.deadline = self._data_at + self._data_timeout
                 data = await self._next_chunk()
             self._read = None
             if data is not None:
+                assert self._meter is not None
+                if self._meter.feed(data):
+                    self._data_at = trio.current_time()
                 if self._events:
                     self._ending = b"" if data.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
                 return data
+            if self._stopped:
+                ending = ShuttingDown(_SHUTTING_DOWN)
+            else:
+                log.warning(
+                    "the backend sent no data for %g s on a relayed /v1/%s; the body is ended", self._data_timeout, self._path
+                )
+                ending = BackendTimeout(f"the backend sent no data for {self._data_timeout:g} s")
         self._chunks = None
         if not self._events:
             raise StopAsyncIteration
-        error = error_json(ShuttingDown(_SHUTTING_DOWN))
-        return (self._ending or b"") + b"data: " + error + b"\n\n" + encode_done()
+        return self._ending + b"data: " + error_json(ending) + b"\n\n" + encode_done()
 
     async def _next_chunk(self) -> bytes:
         try:
@@ -322,6 +385,13 @@ class PassthroughBody(DeferredHeadBody):
         except Exception as error:  # the backend dropped mid-body; nothing more can be said
             log.warning("passthrough body from the backend was cut (%s)", type(error).__name__)
             raise StopAsyncIteration from None
+
+    def tokens(self) -> int | None:
+        """The tokens the answer reported; 0 for an error answer that reported none."""
+        reported = self._meter.tokens if self._meter is not None else None
+        if reported is None and (self._upstream is None or self._upstream.status >= 400):
+            return 0  # refused or never reached: nothing was generated
+        return reported
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -333,4 +403,5 @@ class PassthroughBody(DeferredHeadBody):
                 await self._cm.__aexit__(exc_type, exc, tb)
         finally:
             if self._on_close is not None:
-                await self._on_close()
+                with trio.CancelScope(shield=True):
+                    await self._on_close(self.tokens())

@@ -8,6 +8,7 @@ not validate per event.  `TypeAdapter`s are built once, at import time.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 import orjson
@@ -26,10 +27,12 @@ __all__ = [
     "OtherItem",
     "MAX_JSON_DEPTH",
     "ReasoningItem",
+    "RelayedBody",
     "decode_json_object",
     "model_of",
     "nested_deeper_than",
     "parse_create_request",
+    "read_relayed_body",
     "validate_create_request",
 ]
 
@@ -393,7 +396,8 @@ def _param_name(loc: tuple[Any, ...]) -> str:
 
 
 def model_of(body: bytes) -> str | None:
-    """The `model` a JSON request body names, if any (a relayed request's key check and route)."""
+    """The `model` a JSON request body names, if any: a relayed request's route (a key's model
+    check reads the body with `read_relayed_body`, strictly, instead)."""
     if not body.lstrip().startswith(b"{") or b'"model"' not in body:
         return None
     try:
@@ -402,3 +406,111 @@ def model_of(body: bytes) -> str | None:
         return None
     model = data.get("model") if isinstance(data, dict) else None
     return model if isinstance(model, str) else None
+
+
+@dataclass
+class RelayedBody:
+    """A `/v1/{path}` request body as the gateway read it, and what it forwards."""
+
+    data: bytes  # the bytes forwarded
+    content_type: str | None  # the content type of `data` when the gateway re-encoded it
+    fields: dict[str, Any]  # the JSON object or form fields it holds ({} when not read)
+    model: str | None  # the model it names
+
+
+def read_relayed_body(raw: bytes, content_type: str, *, strict: bool) -> RelayedBody:
+    """Read a relayed request's body.
+
+    Not strict: the body is forwarded unchanged, and its model read when it
+    is a JSON object.  Strict (a key whose models are limited): the body must
+    be one the gateway reads whole -- a single strict JSON object (no BOM,
+    `NaN`, lone surrogate or trailing data), a multipart form or a URL-encoded
+    form -- and is forwarded re-encoded from what was read, so that the
+    backend's parser sees exactly the model that was checked, however the
+    client spelled it (escapes, a field given twice, multipart quirks).
+
+    Raises:
+        InvalidRequest: (strict) a body the gateway cannot read whole, or a
+            `model` given twice or not as a string (`invalid_model_field`).
+    """
+    if not strict:
+        return RelayedBody(raw, None, {}, model_of(raw))
+    if not raw:
+        return RelayedBody(raw, None, {}, None)
+    mimetype, _, params = content_type.partition(";")
+    mimetype = mimetype.strip().lower()
+    if mimetype == "multipart/form-data":
+        return _relayed_multipart(raw, content_type)
+    if mimetype == "application/x-www-form-urlencoded":
+        return _relayed_urlencoded(raw)
+    try:
+        data = decode_json_object(raw)
+    except InvalidRequest:
+        raise InvalidRequest(
+            "This key may use only some models, so its request body must be a single JSON object "
+            "(no byte order mark, NaN, lone surrogate or trailing data) or a form.",
+            code="invalid_json",
+        ) from None
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("Invalid value for 'model': expected a string.", param="model", code="invalid_model_field")
+    return RelayedBody(orjson.dumps(data), "application/json", data, model)
+
+
+def _one_model(values: list[Any]) -> str | None:
+    if len(values) > 1:
+        raise InvalidRequest("'model' is given more than once.", param="model", code="invalid_model_field")
+    if values and not isinstance(values[0], str):
+        raise InvalidRequest("Invalid value for 'model': expected a text field.", param="model", code="invalid_model_field")
+    return values[0] if values else None
+
+
+def _relayed_multipart(raw: bytes, content_type: str) -> RelayedBody:
+    import io
+    import secrets
+
+    from werkzeug.formparser import FormDataParser
+    from werkzeug.http import parse_options_header
+
+    _, options = parse_options_header(content_type)
+    unreadable = InvalidRequest("The multipart form could not be read.", code="invalid_form")
+    boundary = options.get("boundary")
+    if not boundary or f"--{boundary}--".encode("latin-1") not in raw:  # unclosed: werkzeug reads what it can
+        raise unreadable
+    try:
+        _, form, files = FormDataParser().parse(io.BytesIO(raw), "multipart/form-data", len(raw), options)
+    except Exception:  # werkzeug's own errors: the form is malformed
+        raise unreadable from None
+    model = _one_model([*form.getlist("model"), *files.getlist("model")])
+    boundary = "gateway-" + secrets.token_hex(16)  # ours: the client's may occur in the fields
+    out = bytearray()
+    for name, value in form.items(multi=True):
+        out += f'--{boundary}\r\nContent-Disposition: form-data; name="{_form_quote(name)}"\r\n\r\n'.encode()
+        out += value.encode() + b"\r\n"
+    for name, upload in files.items(multi=True):
+        kind = _form_quote(upload.content_type or "application/octet-stream")
+        filename = _form_quote(upload.filename or "file")
+        out += (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{_form_quote(name)}"; filename="{filename}"\r\n'
+            f"Content-Type: {kind}\r\n\r\n"
+        ).encode()
+        out += upload.read() + b"\r\n"
+    out += f"--{boundary}--\r\n".encode()
+    fields = {name: value for name, value in form.items()}
+    return RelayedBody(bytes(out), f"multipart/form-data; boundary={boundary}", fields, model)
+
+
+def _form_quote(text: str) -> str:
+    """A name or filename inside a quoted multipart header parameter (RFC 7578: percent-encoded)."""
+    return text.replace("%", "%25").replace('"', "%22").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _relayed_urlencoded(raw: bytes) -> RelayedBody:
+    from urllib.parse import parse_qsl, urlencode
+
+    try:
+        pairs = parse_qsl(raw.decode("utf-8"), keep_blank_values=True, strict_parsing=True)
+    except (UnicodeDecodeError, ValueError):
+        raise InvalidRequest("The URL-encoded form could not be read.", code="invalid_form") from None
+    model = _one_model([value for name, value in pairs if name == "model"])
+    return RelayedBody(urlencode(pairs).encode(), "application/x-www-form-urlencoded", dict(pairs), model)

@@ -59,6 +59,18 @@ CLOSE = "close"  # end the body here (no [DONE])
 COMMENTS_FOREVER = "comments-forever"  # an SSE comment every 50 ms, never data
 TRICKLE = "trickle"  # one byte of a chunk every 50 ms, never a whole chunk
 
+# Served like SCENARIOS, but too large for the translator's recorded-stream tests (which feed
+# every scenario byte by byte).
+LARGE_SCENARIOS: dict[str, list[Any]] = {
+    "big-stream": [  # 8 MiB of text in 64 KiB chunks: far more than the sockets between here and a client hold
+        chunk({"role": "assistant", "content": ""}),
+        *[chunk({"content": "x" * 65536})] * 128,
+        chunk(finish="stop"),
+        usage_chunk(),
+        b"[DONE]",
+    ],
+}
+
 SCENARIOS: dict[str, list[Any]] = {
     "text": [
         chunk({"role": "assistant", "content": ""}),
@@ -224,6 +236,7 @@ class ScriptedBackend:
     client_left: trio.Event = field(default_factory=trio.Event)
     client_left_at: float | None = None
     fail_with: int | None = None  # when set, every chat request is answered with this status
+    probes: int = 0  # readiness checks the gateway made
     url: str = ""
     _arrived: trio.Event = field(default_factory=trio.Event)
 
@@ -247,6 +260,10 @@ class ScriptedBackend:
         except orjson.JSONDecodeError:
             body = raw
         path = scope["path"]
+        if headers.get("x-gateway-probe") == "readiness":  # the gateway's background check, not a client's request
+            self.probes += 1
+            await _json(send, 200, {"object": "list", "data": []})
+            return
         self.requests.append(Recorded(path, scope["method"], headers, body))
         self._arrived.set()
         self._arrived = trio.Event()
@@ -256,6 +273,10 @@ class ScriptedBackend:
             await _json(send, 200, {"object": "list", "data": [{"id": "text", "object": "model", "owned_by": "tests"}]})
         elif path == "/v1/embeddings":
             await _json(send, 200, {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}], "echo_query": scope["query_string"].decode()})
+        elif path == "/v1/completions" and scope["method"] == "POST":
+            await self._completion(body, send)
+        elif path == "/v1/audio/transcriptions":  # a multipart route: says what it was sent
+            await _json(send, 200, {"text": "ok", "content_type": headers.get("content-type", ""), "size": len(raw)})
         elif path == "/v1/stream-numbers":
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
             for n in range(20):
@@ -269,6 +290,20 @@ class ScriptedBackend:
             await _json(send, 418, {"error": {"message": "I am a teapot", "type": "invalid_request_error", "code": "teapot"}})
         else:
             await _json(send, 404, {"error": {"message": f"no route {path}", "type": "invalid_request_error", "code": "not_found"}})
+
+    async def _completion(self, body: Any, send: Send) -> None:
+        """Legacy completions: `USAGE` reported as OpenAI does (the last chunk of a stream)."""
+        model = body.get("model", "text") if isinstance(body, dict) else "text"
+        text = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": model}
+        if not (isinstance(body, dict) and body.get("stream")):
+            await _json(send, 200, {**text, "choices": [{"index": 0, "text": "Hello", "finish_reason": "stop"}], "usage": USAGE})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        frames = [{**text, "choices": [{"index": 0, "text": part, "finish_reason": None}]} for part in ("Hel", "lo")]
+        frames.append({**text, "choices": [], "usage": USAGE})
+        for frame in frames:
+            await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(frame) + b"\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
     async def _chat(self, body: Any, receive: Any, send: Send) -> None:
         model = body.get("model", "text") if isinstance(body, dict) else "text"
@@ -307,7 +342,7 @@ class ScriptedBackend:
         elif model.startswith("mcp-"):
             script = _tool_user_script(model, body)
         else:
-            script = SCENARIOS.get(model, SCENARIOS["text"])
+            script = SCENARIOS.get(model) or LARGE_SCENARIOS.get(model) or SCENARIOS["text"]
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         self.stream_started.set()
         async with trio.open_nursery() as nursery:

@@ -7,6 +7,7 @@ import functools
 import html
 import itertools
 import os
+import pathlib
 import platform
 import re
 import socket
@@ -287,6 +288,278 @@ async def test_a_duration_bounds_a_run_without_a_request_count(server: ScriptedS
 
     assert report.requests_completed > 0
     assert report.requests_failed == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures by kind, and the error rate that fails the command
+
+
+def http_answer(status: int, body: bytes, content_type: bytes = b"application/json") -> bytes:
+    head = b"HTTP/1.1 %d Error\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (status, content_type, len(body))
+    return head + body
+
+
+def sse_head() -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def sse_answer(*frames: bytes) -> bytes:
+    return sse_head() + b"".join(b"%x\r\n%s\r\n" % (len(frame), frame) for frame in frames) + b"0\r\n\r\n"
+
+
+def openai_error(code: str, message: str, type_: str = "server_error") -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "code": code, "param": None}})
+
+
+@dataclass(frozen=True)
+class Cut:
+    """An answer that stops after these bytes: the server closes the connection mid-response."""
+
+    sent: bytes
+
+
+OK = sse_answer(CREATED, *DELTAS, COMPLETED, DONE)
+UNAVAILABLE = http_answer(503, openai_error("server_shutting_down", "The server is shutting down"))
+RATE_LIMITED = http_answer(429, openai_error("rate_limit_exceeded", "Slow down", "requests"))
+BAD_GATEWAY = http_answer(502, b"Bad Gateway", b"text/plain")
+FAILED = sse_answer(
+    CREATED,
+    DELTAS[0],
+    responses_event(
+        "response.failed",
+        response={"id": "resp_1", "status": "failed", "error": {"code": "server_error", "message": "The backend stopped"}},
+    ),
+    DONE,
+)
+RESET = Cut(sse_head() + b"%x\r\n%s\r\n" % (len(CREATED), CREATED))
+# 20 requests, 7 of them failed: 35%.
+MIXED_SCRIPT: list[bytes | Cut] = [
+    OK, UNAVAILABLE, OK, FAILED, OK, OK, RATE_LIMITED, OK, UNAVAILABLE, OK,
+    RESET, OK, OK, FAILED, OK, BAD_GATEWAY, OK, OK, OK, OK,
+]  # fmt: skip
+MIXED_FAILURES = [
+    ("failed_event server_error", 2),
+    ("http 503 server_shutting_down", 2),
+    ("http 429 rate_limit_exceeded", 1),
+    ("http 502", 1),
+    ("reset", 1),
+]
+
+
+@dataclass
+class ScriptedHTTPServer:
+    """Raw HTTP/1.1 on a trio socket, kept alive: the n-th request anywhere gets the n-th answer
+    of the script (cycling), so the counts of a run do not depend on which worker sent what."""
+
+    script: list[bytes | Cut]
+    url: str = ""
+    served: int = 0
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        buffer = b""
+        async with stream:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                match = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                assert match is not None
+                length = int(match[1])
+                while len(buffer) < length:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buffer += data
+                buffer = buffer[length:]
+                answer = self.script[self.served % len(self.script)]
+                self.served += 1
+                if isinstance(answer, Cut):
+                    await stream.send_all(answer.sent)
+                    return  # closes the connection inside the chunked body
+                await stream.send_all(answer)
+
+
+async def serve_script(nursery: trio.Nursery, script: list[bytes | Cut]) -> ScriptedHTTPServer:
+    server = ScriptedHTTPServer(script)
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1"))
+    server.url = "http://127.0.0.1:%d" % listeners[0].socket.getsockname()[1]
+    return server
+
+
+async def run_main(*argv: str) -> int:
+    with trio.fail_after(10):
+        # main() runs its own trio loop, so it gets a thread; the server stays in this loop.
+        return await trio.to_thread.run_sync(main, parse_args(*argv))
+
+
+async def test_failures_are_counted_by_status_error_code_and_transport_kind(nursery: trio.Nursery) -> None:
+    server = await serve_script(nursery, MIXED_SCRIPT)
+    with trio.fail_after(10):
+        report = await run_load(LoadConfig(url=server.url, requests=20, concurrency=2))
+
+    assert (report.requests_completed, report.requests_failed) == (13, 7)
+    assert report.error_rate == 0.35
+    assert list(report.failures.items()) == MIXED_FAILURES  # most frequent first
+    assert report.errors == {"failed_event": 2, "http_status": 4, "read": 1}  # the coarse kinds stay
+    assert report.status_codes == {"200": 16, "429": 1, "502": 1, "503": 2}
+    examples = report.failure_examples
+    assert list(examples) == [kind for kind, _ in MIXED_FAILURES]
+    assert examples["http 503 server_shutting_down"] == "503: The server is shutting down"
+    assert examples["failed_event server_error"] == "The backend stopped"
+    assert examples["http 502"] == "502: Bad Gateway"
+    assert "chunked body" in examples["reset"]
+    assert sorted(r.code for r in report.requests if r.code) == [
+        "rate_limit_exceeded", "server_error", "server_error", "server_shutting_down", "server_shutting_down",
+    ]  # fmt: skip
+
+    data = orjson.loads(report.to_json())
+    assert list(data["failures"].items()) == MIXED_FAILURES
+    assert data["failure_examples"] == examples
+    summary = loadtest.format_summary(report)
+    assert "failed by kind (7 of 20, 35.0%):" in summary
+    for kind, n in MIXED_FAILURES:
+        assert f"\n    {kind}: {n}" in summary
+    errors = section(render_html(report), "<h2>Errors")
+    for kind, n in MIXED_FAILURES:
+        assert f"<tr><td>{kind}</td><td>{n}</td>" in errors
+
+
+@pytest.mark.parametrize(
+    ("threshold", "code"),
+    [(None, 1), ("0", 1), ("0.34", 1), ("0.35", 0), ("0.5", 0)],
+)
+async def test_the_command_fails_when_more_requests_failed_than_the_max_error_rate(
+    nursery: trio.Nursery, tmp_path: Any, capsys: pytest.CaptureFixture[str], threshold: str | None, code: int
+) -> None:
+    server = await serve_script(nursery, MIXED_SCRIPT)
+    json_path = tmp_path / "report.json"
+    limit = () if threshold is None else ("--max-error-rate", threshold)
+
+    assert await run_main("--url", server.url, "-n", "20", "-c", "2", "--json", str(json_path), *limit) == code
+
+    assert list(orjson.loads(json_path.read_bytes())["failures"].items()) == MIXED_FAILURES
+    err = capsys.readouterr().err
+    if code:
+        assert err == f"gateway loadtest: 7 of 20 requests failed (35.0%), above --max-error-rate {threshold or 0}\n"
+    else:
+        assert "gateway loadtest" not in err
+
+
+async def test_the_gateway_command_exits_with_the_verdict_and_says_why_on_stderr(nursery: trio.Nursery) -> None:
+    server = await serve_script(nursery, MIXED_SCRIPT)
+    argv = [sys.executable, "-m", "gateway", "loadtest", "--url", server.url, "-n", "20", "--max-error-rate", "0.1"]
+    with trio.fail_after(30):
+        done = await trio.run_process(
+            argv, cwd=pathlib.Path(__file__).parent.parent, capture_stdout=True, capture_stderr=True, check=False
+        )
+
+    assert done.returncode == 1
+    assert done.stderr.decode().splitlines()[-1] == (
+        "gateway loadtest: 7 of 20 requests failed (35.0%), above --max-error-rate 0.1"
+    )
+    assert "    http 503 server_shutting_down: 2" in done.stdout.decode()
+
+
+async def test_a_run_without_failures_passes_at_the_default_max_error_rate(
+    server: ScriptedSSEServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await run_main("--url", server.url, "-n", "3") == 0
+    assert "gateway loadtest" not in capsys.readouterr().err
+
+
+async def test_failures_during_warm_up_do_not_count_against_the_max_error_rate(
+    nursery: trio.Nursery, tmp_path: Any
+) -> None:
+    server = await serve_script(nursery, [UNAVAILABLE, UNAVAILABLE, OK, OK, OK])
+    json_path = tmp_path / "report.json"
+
+    assert await run_main("--url", server.url, "--warmup", "2", "-n", "3", "--json", str(json_path)) == 0
+
+    assert server.served == 5
+    data = orjson.loads(json_path.read_bytes())
+    assert (data["requests_completed"], data["requests_failed"], data["failures"]) == (3, 0, {})
+
+
+async def test_a_run_in_which_every_request_failed_fails_even_at_a_max_error_rate_of_1(
+    nursery: trio.Nursery, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = await serve_script(nursery, [UNAVAILABLE])
+
+    assert await run_main("--url", server.url, "-n", "2", "--max-error-rate", "1") == 1
+    assert capsys.readouterr().err == "gateway loadtest: none of 2 requests succeeded\n"
+
+
+@pytest.mark.parametrize("threshold", ["-0.1", "1.5", "nan"])
+def test_a_max_error_rate_outside_0_to_1_is_refused_before_running(
+    threshold: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(parse_args("--url", "http://127.0.0.1:1", "--max-error-rate", threshold)) == 2
+    assert "--max-error-rate" in capsys.readouterr().err
+
+
+async def test_an_error_body_beyond_the_capture_bound_is_read_to_its_end_but_not_parsed(nursery: trio.Nursery) -> None:
+    huge = http_answer(503, openai_error("server_shutting_down", "x" * 100_000))
+    server = await serve_script(nursery, [huge])
+    with trio.fail_after(10):
+        report = await run_load(LoadConfig(url=server.url, requests=2))
+
+    # Truncated JSON has no code; the status still counts, and the connection stays usable.
+    assert report.failures == {"http 503": 2}
+    assert report.connections_opened == 1
+    assert len(report.failure_examples["http 503"]) <= len("503: ") + 300
+
+
+@pytest.mark.parametrize(
+    ("classify", "frame", "code", "message"),
+    [
+        ("responses", responses_event("error", code="rate_limit_exceeded", message="Slow down", param=None),
+         "rate_limit_exceeded", "Slow down"),
+        ("responses", b'event: error\ndata: {"type":"error","error":{"code":"server_error","message":"Oops"}}\n\n',
+         "server_error", "Oops"),
+        ("responses", responses_event("response.failed", response={"error": {"code": "server_error", "message": "Gone"}}),
+         "server_error", "Gone"),
+        ("responses", b'data: {"type":"response.failed","response":{"error":{"code":"x","message":"y"}}}\n\n', "x", "y"),
+        ("chat", b'data: {"error":{"message":"Overloaded","type":"server_error","code":"overloaded"}}\n\n',
+         "overloaded", "Overloaded"),
+        ("chat", b'event: error\ndata: {"error":{"message":"Later","code":429}}\n\n', "429", "Later"),
+        ("chat", b'data: {"error":{"message":"No code","code":null}}\n\n', None, "No code"),
+    ],
+)  # fmt: skip
+def test_an_error_frames_code_and_message_are_read_from_every_shape_servers_send(
+    classify: str, frame: bytes, code: str | None, message: str
+) -> None:
+    classifier = loadtest._classify_responses if classify == "responses" else loadtest._classify_chat
+    for body in (CREATED + frame, (CREATED + frame).replace(b"\n", b"\r\n")):
+        scanner = loadtest._FrameScanner(classifier, 0.0)
+        scanner.feed(body, 1.0)
+        assert scanner.failed
+        assert (scanner.error_code, scanner.error_message) == (code, message)
+
+
+def test_the_first_error_code_of_a_stream_is_kept() -> None:
+    scanner = loadtest._FrameScanner(loadtest._classify_responses, 0.0)
+    scanner.feed(b'event: error\ndata: {"type":"error","message":"no code yet"}\n\n', 1.0)
+    scanner.feed(responses_event("error", code="first", message="m1"), 2.0)
+    scanner.feed(responses_event("response.failed", response={"error": {"code": "second", "message": "m2"}}), 3.0)
+
+    assert (scanner.error_code, scanner.error_message) == ("first", "no code yet")
+
+
+def test_a_servers_error_code_becomes_a_label_and_its_message_is_safe_to_print() -> None:
+    body = orjson.dumps({"error": {"code": "bad code\n\x1b[31m" + "z" * 100, "message": "red\x1b[31m\nnext\u2028line"}})
+    code, message = loadtest._error_fields(orjson.loads(body))
+
+    assert code == "bad_code___31m" + "z" * 50
+    assert message == "red\\x1b[31m\\nnext\\u2028line"
+    result = RequestResult(status=503, error="http_status", code=code)
+    assert result.failure_kind == f"http 503 {code}"
+    for error, kind in (("read", "reset"), ("timeout", "timeout"), ("connect", "connect"), ("protocol", "protocol"),
+                        ("no_terminal", "no_terminal"), ("failed_event", "failed_event")):  # fmt: skip
+        assert RequestResult(status=200, error=error).failure_kind == kind
+    assert RequestResult(status=200).failure_kind is None
 
 
 # ---------------------------------------------------------------------------------------------

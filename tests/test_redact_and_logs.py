@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import logging
+import logging.handlers
+import stat
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -272,6 +274,41 @@ def test_secrets_added_later_are_redacted_by_the_installed_handlers(
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].endswith(f"gateway sent {MARKER}")
     assert lines[1].endswith(f"gateway mcp-header-value-1 {MARKER}")
+
+
+def file_handler() -> logging.handlers.RotatingFileHandler:
+    (handler,) = [h for h in ours(logging.getLogger()) if isinstance(h, logging.handlers.RotatingFileHandler)]
+    return handler
+
+
+def test_the_log_file_and_its_rotated_copies_are_readable_by_their_owner_only(
+    restored_logging: None, tmp_path: Any
+) -> None:
+    directory = tmp_path / "logs"
+    configure_logging(make_settings(log_file_path=str(directory / "gateway.log")))
+    for n in range(3):
+        logging.getLogger("gateway").warning("resp_%d failed for key ops", n)
+        file_handler().doRollover()  # what 10 MiB of lines would do
+    logging.getLogger("gateway").warning("after the rollovers")
+    names = sorted(path.name for path in directory.iterdir())
+    assert names == ["gateway.log", "gateway.log.1", "gateway.log.2", "gateway.log.3"]
+    assert {name: stat.S_IMODE((directory / name).stat().st_mode) for name in names} == dict.fromkeys(names, 0o600)
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert "after the rollovers" in (directory / "gateway.log").read_text()
+
+
+def test_log_files_an_earlier_version_left_readable_are_tightened(restored_logging: None, tmp_path: Any) -> None:
+    tmp_path.chmod(0o755)
+    loose = [tmp_path / "gateway.log", tmp_path / "gateway.log.1"]
+    for path in loose:
+        path.write_text("an old line\n")
+        path.chmod(0o644)
+    configure_logging(make_settings(log_file_path=str(loose[0])))
+    logging.getLogger("gateway").warning("a new line")
+    assert [stat.S_IMODE(path.stat().st_mode) for path in loose] == [0o600, 0o600]
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o755  # a directory the gateway did not create is the operator's
+    old, new = loose[0].read_text().splitlines()
+    assert old == "an old line" and new.endswith("WARNING gateway a new line")  # appended to, not replaced
 
 
 # --- a real gateway process ------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -89,6 +89,106 @@ async def store(request: Any, tmp_path: Any, nursery: trio.Nursery) -> AsyncIter
         instance = RedisStore(await start_redis(nursery, tmp_path))
     yield instance
     await instance.aclose()
+
+
+TTL = 10.0
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+async def expiring(
+    request: Any, tmp_path: Any, nursery: trio.Nursery
+) -> AsyncIterator[tuple[Any, Callable[[float], Awaitable[None]]]]:
+    """A store keeping records for `TTL` seconds, and `advance(seconds)`, which makes that time pass.
+
+    Memory and SQLite read an injected clock.  Redis expires keys on its own
+    clock, so there time passes by shortening what is left of every key's
+    expiry (a key left with none is gone, as Redis's expiry would have it);
+    a key without an expiry is left alone, as time would leave it.
+    """
+    now = [1_800_000_000.0]
+    closers: list[Callable[[], Any]] = []
+
+    async def advance(seconds: float) -> None:
+        now[0] += seconds
+
+    if request.param == "memory":
+        instance: Any = MemoryStore(max_entries=100, ttl=TTL, clock=lambda: now[0])
+    elif request.param == "sqlite":
+        instance = SQLiteStore(str(tmp_path / "store.sqlite3"), ttl=TTL, clock=lambda: now[0])
+    else:
+        if REDIS is None:
+            pytest.skip("redis-server is not installed (.ci/run installs it)")
+        import redis
+
+        from gateway.store.redis import RedisStore
+
+        url = await start_redis(nursery, tmp_path)
+        instance = RedisStore(url, ttl=TTL)
+        client = redis.Redis.from_url(url)
+        closers.append(client.close)
+
+        def shorten(milliseconds: int) -> None:
+            for key in client.scan_iter():
+                left = client.pttl(key)
+                if left >= 0:  # -1: no expiry
+                    client.pexpire(key, left - milliseconds)  # not positive: the key is deleted
+
+        async def advance(seconds: float) -> None:
+            await trio.to_thread.run_sync(shorten, int(seconds * 1000))
+
+    yield instance, advance
+    await instance.aclose()
+    for close in closers:
+        close()
+
+
+async def test_a_record_older_than_the_ttl_is_unknown_by_id_and_by_item(expiring):
+    store, advance = expiring
+    await store.save(record("resp_old"))
+    await advance(TTL - 1)
+    assert await store.load("resp_old") is not None
+    assert await store.holder_of("msg_in_resp_old") is not None
+    await advance(2)
+    assert await store.load("resp_old") is None
+    assert await store.holder_of("msg_in_resp_old") is None
+    assert await store.holder_of("msg_out_resp_old") is None
+    assert await store.update("resp_old", bump) is None
+    assert await store.delete("resp_old") is False
+
+
+async def test_an_update_starts_the_ttl_again(expiring):
+    store, advance = expiring
+    await store.save(record("resp_kept"))
+    await advance(TTL - 1)
+    await store.update("resp_kept", bump)  # what a background response's progress save does
+    await advance(TTL - 1)
+    assert (await store.load("resp_kept")).response["count"] == 1
+    assert (await store.holder_of("msg_out_resp_kept")).id == "resp_kept"
+    await advance(2)
+    assert await store.load("resp_kept") is None
+    assert await store.holder_of("msg_out_resp_kept") is None
+
+
+async def test_a_running_record_outlives_the_ttl_and_expires_once_its_lease_is_cleared(expiring):
+    store, advance = expiring
+    running = record("resp_running")
+    running.lease_until = 1.0  # any lease: the record's process renews it, or ends it as lost
+    await store.save(running)
+    await advance(TTL * 10)
+    assert (await store.load("resp_running")).lease_until == 1.0
+    assert (await store.holder_of("msg_in_resp_running")).id == "resp_running"
+    assert await store.expired_leases(2.0) == ["resp_running"]
+
+    def release(r: StoredResponse) -> StoredResponse:
+        r.lease_until = None
+        return r
+
+    await store.update("resp_running", release)  # the response ended: its TTL starts now
+    await advance(TTL - 1)
+    assert await store.load("resp_running") is not None
+    await advance(2)
+    assert await store.load("resp_running") is None
+    assert await store.holder_of("msg_in_resp_running") is None
 
 
 async def test_a_saved_record_loads_back_equal(store):

@@ -56,6 +56,7 @@ class Passthrough(Protocol):
 
     status: int
     headers: dict[str, str]
+    data_timeout: float | None  # seconds the body may go without data (comments are not data)
 
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 

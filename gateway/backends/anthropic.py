@@ -24,10 +24,10 @@ import orjson
 import trio
 
 from ..errors import BackendStatusError, BackendStreamError, BackendTimeout
-from ..redact import Redactor
+from ..redact import Redactor, public_url
 from ..streams.chunks import DONE
 from ..streams.sse import SSEDecoder, SSETooLarge
-from .openai import backend_error_from, read_bounded, retry_after_of
+from .openai import PROBE_HEADERS, backend_error_from, map_backend_errors, naming_errors, read_bounded, retry_after_of
 from .http1 import Http1Transport
 
 __all__ = ["AnthropicBackend", "MessagesStream", "messages_request"]
@@ -324,9 +324,12 @@ class AnthropicBackend:
         redactor: Redactor | None = None,
         default_max_tokens: int = 4096,
         max_connections: int = 1000,
+        name: str = "default",
     ) -> None:
         root = base_url.rstrip("/")
         self._url = (root if root.endswith("/v1") else root + "/v1") + "/messages"
+        self.name = name
+        self.url = public_url(root)
         self._headers = {
             **(headers or {}),
             "anthropic-version": _VERSION,
@@ -344,21 +347,33 @@ class AnthropicBackend:
     async def aclose(self) -> None:
         await self._client.aclose()
 
+    async def probe(self) -> None:
+        """Whether the backend answers HTTP at all (`GET /v1/models`; any status will do).
+
+        Raises:
+            BackendError: it could not be reached, or timed out.
+        """
+        headers = {k: v for k, v in self._headers.items() if k in ("x-api-key", "anthropic-version", "authorization")}
+        with naming_errors(self.name, self.url), map_backend_errors():
+            response = await self._client.get(self._url.removesuffix("/messages") + "/models", headers={**headers, **PROBE_HEADERS})
+            await response.aclose()
+
     @contextlib.asynccontextmanager
     async def open_chat_stream(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None) -> AsyncIterator[_Chunks]:
         payload = orjson.dumps(messages_request(body, default_max_tokens=self._default_max_tokens))
         request = self._client.build_request("POST", self._url, content=payload, headers={**self._headers, **(headers or {})})
-        try:
-            response = await self._client.send(request, stream=True)
-        except httpx2.TransportError as exc:
-            raise backend_error_from(exc) from exc
-        try:
-            if response.status_code >= 400:
-                raise await self._status_error(response)
-            yield _Chunks(response, self._redactor)
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(2):
-                await response.aclose()
+        with naming_errors(self.name, self.url):
+            try:
+                response = await self._client.send(request, stream=True)
+            except httpx2.TransportError as exc:
+                raise backend_error_from(exc) from exc
+            try:
+                if response.status_code >= 400:
+                    raise await self._status_error(response)
+                yield _Chunks(response, self._redactor)
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    await response.aclose()
 
     async def _status_error(self, response: httpx2.Response) -> BackendStatusError:
         raw = await read_bounded(response)

@@ -37,6 +37,8 @@ import httptools
 import httpx2
 import trio
 
+from ..loops import HOP_HEADER, outgoing_hops
+
 __all__ = ["Http1Transport"]
 
 _READ_SIZE = 64 * 1024
@@ -250,6 +252,8 @@ class Http1Transport(httpx2.AsyncBaseTransport):
         if scheme not in _DEFAULT_PORTS:
             raise httpx2.UnsupportedProtocol(f"unsupported URL scheme {scheme!r}")
         origin = (scheme, url.host, url.port or _DEFAULT_PORTS[scheme])
+        # Every request to a backend says which gateways it has passed (see gateway.loops).
+        request.headers[HOP_HEADER] = outgoing_hops()
         message = _request_bytes(request.method, url.raw_path, request.headers.raw, request.content)
         await self._slots.acquire()
         conn = None

@@ -25,11 +25,18 @@ from ..errors import (
     BackendUnavailable,
     GatewayError,
 )
-from ..redact import Redactor
+from ..redact import Redactor, public_url
 from ..streams.chunks import ChunkDecoder
 from .http1 import Http1Transport
 
-__all__ = ["ChatStream", "OpenAICompatibleBackend", "PassthroughResponse", "backend_error_from", "map_backend_errors"]
+__all__ = [
+    "ChatStream",
+    "OpenAICompatibleBackend",
+    "PassthroughResponse",
+    "backend_error_from",
+    "map_backend_errors",
+    "naming_errors",
+]
 
 _MAX_ERROR_BODY = 64 * 1024
 
@@ -191,6 +198,28 @@ def backend_error_from(exc: httpx2.TransportError) -> BackendError:
     return BackendUnavailable("the backend could not be reached")
 
 
+# Marks the readiness checks' requests, so that a backend's logs can tell them from clients'.
+PROBE_HEADERS = {"x-gateway-probe": "readiness"}
+
+
+@contextlib.contextmanager
+def naming_errors(name: str, url: str) -> Iterator[None]:
+    """Errors of the backend `name` (at `url`, without credentials) raised inside say which backend:
+    its name in the client's message, its name and URL in the operator's log (`cause`)."""
+    try:
+        yield
+    except BackendError as error:
+        if error.cause is None:
+            detail = f"answered HTTP {error.backend_status}" if isinstance(error, BackendStatusError) else error.message
+            original = error.__cause__
+            if original is not None and not isinstance(error, BackendStatusError):
+                detail += f" ({type(original).__name__}: {original})"
+            error.cause = f"backend {name!r} at {url}: {detail}"
+            if not isinstance(error, BackendStatusError) and error.message.endswith("the backend"):
+                error.message = f"{error.message} '{name}'"
+        raise
+
+
 @contextlib.contextmanager
 def map_backend_errors() -> Iterator[None]:
     """Convert httpx2 exceptions raised inside the block into `BackendError`s."""
@@ -219,6 +248,9 @@ class PassthroughResponse:
         self._chunks = response.aiter_bytes()
         self._redact = redactor.stream()
         self._ended = False
+        # Seconds the backend may go without sending data (its read timeout, STREAM_TIMEOUT).
+        read = (response.request.extensions.get("timeout") or {}).get("read")
+        self.data_timeout: float | None = float(read) if read else None
 
     def __aiter__(self) -> PassthroughResponse:
         return self
@@ -260,9 +292,12 @@ class OpenAICompatibleBackend:
         headers: Mapping[str, str] | None = None,
         connect_timeout: float | None = None,
         read_timeout: float | None = None,
+        name: str = "default",
     ) -> None:
         """The backend the settings name, or (a named backend of the config file) the one
-        `base_url` names, with its own key, headers and timeouts."""
+        `base_url` names, with its own key, headers and timeouts; `name` is how errors and
+        readiness name it."""
+        self.name = name
         self._redactor = redactor if redactor is not None else Redactor.from_settings(settings)
         self._transport = Http1Transport(max_connections=settings.upstream_max_connections, keepalive_expiry=30.0)
         read = read_timeout if read_timeout is not None else settings.stream_timeout
@@ -282,6 +317,7 @@ class OpenAICompatibleBackend:
             root = base_url.rstrip("/")
             self._v1 = root if root.endswith("/v1") else root + "/v1"
         self._chat_url = httpx2.URL(self._v1 + "/chat/completions")
+        self.url = public_url(self._v1)
         self._auth = {**(headers or {}), **({"authorization": f"Bearer {api_key}"} if api_key else {})}
         self._refuses_reasoning_content: set[Any] = set()  # models that said so by name
         self._chat_headers = {
@@ -294,6 +330,16 @@ class OpenAICompatibleBackend:
     async def aclose(self) -> None:
         await self._client.aclose()  # and its transport
 
+    async def probe(self) -> None:
+        """Whether the backend answers HTTP at all (`GET /v1/models`; any status will do).
+
+        Raises:
+            BackendError: it could not be reached, or timed out.
+        """
+        with naming_errors(self.name, self.url), map_backend_errors():
+            response = await self._client.get(self._v1 + "/models", headers={**self._auth, **PROBE_HEADERS})
+            await response.aclose()
+
     @contextlib.asynccontextmanager
     async def open_chat_stream(
         self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None
@@ -302,6 +348,14 @@ class OpenAICompatibleBackend:
         if model in self._refuses_reasoning_content:
             body = _without_reasoning_content(body)
         body = _without_signatures(body)
+        with naming_errors(self.name, self.url):
+            async with self._open_chat_stream(body, headers, model) as stream:
+                yield stream
+
+    @contextlib.asynccontextmanager
+    async def _open_chat_stream(
+        self, body: dict[str, Any], headers: Mapping[str, str] | None, model: Any
+    ) -> AsyncIterator[ChatStream]:
         async with contextlib.AsyncExitStack() as stack:
             try:
                 stream = await stack.enter_async_context(self._open_chat(body, headers))
@@ -354,7 +408,7 @@ class OpenAICompatibleBackend:
         forwarded = {k: v for k, v in headers.items() if k.lower() in _FORWARD_REQUEST_HEADERS}
         forwarded.update(self._auth)
         request = self._client.build_request(method, url, content=body or None, headers=forwarded)
-        with map_backend_errors():
+        with naming_errors(self.name, self.url), map_backend_errors():
             response = await self._client.send(request, stream=True)
         try:
             yield PassthroughResponse(response, self._redactor)

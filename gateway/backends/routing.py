@@ -51,6 +51,7 @@ class BackendState:
     failures: int = 0  # consecutive
     open_until: float = 0.0  # while the clock is before this, the circuit is open
     probing: bool = False  # a request is testing a backend whose cool-down has passed
+    last_error: str | None = None  # what its last failure said (for readiness)
 
     @property
     def name(self) -> str:
@@ -110,7 +111,12 @@ class Router:
             return True
         return self._clock() >= state.open_until and not state.probing
 
+    def circuit_open(self, state: BackendState) -> bool:
+        """Whether requests skip the backend now (it kept failing and its cool-down runs)."""
+        return state.failures >= self.fallback.failures_to_open and self._clock() < state.open_until
+
     def _failed(self, state: BackendState, error: BaseException) -> None:
+        state.last_error = error.message if isinstance(error, GatewayError) else type(error).__name__
         state.failures += 1
         state.probing = False
         if state.failures >= self.fallback.failures_to_open:
@@ -312,6 +318,7 @@ def build_router(config: GatewayConfig, settings: Any, redactor: Any) -> Router:
                 read_timeout=backend.read_timeout or settings.stream_timeout,
                 redactor=redactor,
                 max_connections=settings.upstream_max_connections,
+                name=name,
             )
         else:
             adapters[name] = OpenAICompatibleBackend(
@@ -322,5 +329,6 @@ def build_router(config: GatewayConfig, settings: Any, redactor: Any) -> Router:
                 headers=backend.headers,
                 connect_timeout=backend.connect_timeout,
                 read_timeout=backend.read_timeout,
+                name=name,
             )
     return Router(config, adapters)

@@ -11,11 +11,19 @@
                         the key may not use, as OpenAI answers)
     stores.py           where keys and counters live: memory, SQLite, Redis
                         (shared by every instance, so limits hold across them)
-    cli.py              `gateway keys create | list | revoke`
+    cli.py              `gateway keys create | list | update | rotate | revoke | auth`
 
 Keys are random 256-bit secrets, so one SHA-256 digest is enough to store
 them safely (a slow password hash buys nothing against a key nobody can
-guess).  Without any key configured the gateway serves everyone as before.
+guess).
+
+Authentication fails closed.  Whether the gateway requires a key is a
+state kept in the key store (`AUTH_ON` / `AUTH_OFF`), so it survives
+restarts and is the same on every instance: it turns on the moment an
+operator configures a key (a stored one, or static ones in the environment)
+and turns off only by the operator's explicit `gateway keys auth off`.
+Revoking keys, even the last one, never turns it off: then nobody can call.
+A gateway whose store never had a key serves everyone, as before.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import dataclasses
 import fnmatch
 import hashlib
 import math
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,6 +45,10 @@ from ..errors import GatewayError, NotFound, RateLimited, Unauthorized
 
 __all__ = [
     "ANONYMOUS",
+    "AUTH_OFF",
+    "AUTH_ON",
+    "DEFAULT_OUTPUT_RESERVATION",
+    "REVOCATION_BOUND",
     "ApiKey",
     "Caller",
     "KeyLimits",
@@ -44,12 +57,38 @@ __all__ = [
     "Limiter",
     "PermissionDenied",
     "StreamSlot",
+    "check_key_name",
     "digest",
     "new_secret",
     "parse_static_keys",
+    "token_reservation",
 ]
 
 _PREFIX = "sk-gw-"
+AUTH_ON, AUTH_OFF = "on", "off"
+# Seconds within which a change of the auth state reaches every instance.  A
+# revoked or rotated key is refused at its very next request (keys are read
+# from the store on every request); only the on/off state is cached.
+REVOCATION_BOUND = 1.0
+# Tokens reserved for the output of a request that sets no maximum, for a key
+# with a token limit and no `reserve` of its own (and the backend's max_tokens
+# for such a request, so that what it reserved bounds what it uses).
+DEFAULT_OUTPUT_RESERVATION = 4096
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_key_name(name: str) -> str:
+    """A key's name as given, if it is one (1-64 letters, digits, `.`, `_`, `-`, not starting with
+    punctuation): names appear in logs, metrics labels and CLI output.
+
+    Raises:
+        ValueError: the name is empty, too long, or has other characters.
+    """
+    if not _NAME.fullmatch(name):
+        raise ValueError(
+            f"{name!r} is not a valid key name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return name
 
 
 def new_secret() -> str:
@@ -71,6 +110,11 @@ class KeyLimits:
     models: tuple[str, ...] | None = None  # names or globs (`qwen*`) the key may use
     mcp_servers: tuple[str, ...] | None = None  # configured MCP servers it may use (None: all)
     hosted_mcp: bool = True  # may name MCP servers by URL (OpenAI's hosted `mcp` tool)
+    reserve: int | None = None  # output tokens reserved when a request sets no maximum (tpm keys)
+
+    @property
+    def output_reservation(self) -> int:
+        return DEFAULT_OUTPUT_RESERVATION if self.reserve is None else self.reserve
 
     def allows_model(self, model: str) -> bool:
         return self.models is None or any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
@@ -90,6 +134,8 @@ class KeyLimits:
             parts.append("mcp=" + (",".join(self.mcp_servers) or "(none)"))
         if not self.hosted_mcp:
             parts.append("no-hosted-mcp")
+        if self.reserve is not None:
+            parts.append(f"reserve={self.reserve}")
         return " ".join(parts) or "unlimited"
 
 
@@ -121,6 +167,7 @@ class ApiKey:
             models=tuple(raw["models"]) if raw.get("models") is not None else None,
             mcp_servers=tuple(raw["mcp_servers"]) if raw.get("mcp_servers") is not None else None,
             hosted_mcp=bool(raw.get("hosted_mcp", True)),
+            reserve=raw.get("reserve"),
         )
         return cls(
             name=str(data["name"]),
@@ -134,9 +181,15 @@ class ApiKey:
 
 @dataclass(frozen=True)
 class Caller:
-    """Who a request comes from: a key, or nobody (no keys are configured)."""
+    """Who a request comes from: a key, or nobody (no keys are configured).
+
+    `rate` is what the limiter learnt of the key's limits while admitting
+    the request (`x-ratelimit-*` header names to values), for the edge to
+    send with the response's head.
+    """
 
     key: ApiKey | None = None
+    rate: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def owner(self) -> str | None:
@@ -175,11 +228,27 @@ class KeyStore(Protocol):
 
     async def any_active(self) -> bool: ...
 
+    async def auth_state(self) -> str | None:
+        """`AUTH_ON`, `AUTH_OFF`, or None when it was never set (a store that never had a key,
+        or one from before the state was kept)."""
+        ...
+
+    async def set_auth(self, state: str) -> None: ...
+
+    @property
+    def location(self) -> str:
+        """Where the keys live, for the CLI and the start-up line (no password)."""
+        ...
+
     async def add(self, counter: str, amount: int, ttl: float) -> int:
         """Add to a counter (created at 0, dropped after `ttl` seconds); its new value, atomically."""
         ...
 
     async def read(self, counter: str) -> int: ...
+
+    async def reserve(self, counter: str, amount: int, limit: int, ttl: float) -> tuple[bool, int]:
+        """Atomically: if the counter is below `limit`, add `amount`; (whether it did, the value now)."""
+        ...
 
     async def acquire(self, pool: str, slot: str, limit: int, until: float, now: float) -> bool:
         """Take a slot in `pool` until `until` if fewer than `limit` unexpired ones are taken."""
@@ -208,6 +277,7 @@ def parse_static_keys(text: str, *, now: float = 0.0) -> dict[str, ApiKey]:
         name, sep, secret = entry.partition("=")
         if not sep or not name.strip() or len(secret.strip()) < 8:
             raise ValueError("entries must be name=key, the key at least 8 characters")
+        check_key_name(name.strip())
         key_digest = digest(secret.strip())
         keys[key_digest] = ApiKey(name=name.strip(), id=f"static:{name.strip()}", digest=key_digest, created_at=now)
     return keys
@@ -233,10 +303,20 @@ def _token(raw: bytes) -> str | None:
 
 
 class KeyRing:
-    """Identifies callers: static keys (the environment) and stored ones (the key store)."""
+    """Identifies callers: static keys (the environment) and stored ones (the key store).
+
+    Keys are looked up in the store on every request, so a revoked or
+    rotated key is refused at once on every instance.  Whether a key is
+    required at all is the store's auth state (see the module docstring),
+    read again at most `REVOCATION_BOUND` seconds apart.
+    """
 
     def __init__(
-        self, store: KeyStore | None, static: Mapping[str, ApiKey] | None = None, *, recheck_every: float = 2.0
+        self,
+        store: KeyStore | None,
+        static: Mapping[str, ApiKey] | None = None,
+        *,
+        recheck_every: float = REVOCATION_BOUND,
     ) -> None:
         self.store = store
         self._static = dict(static or {})
@@ -244,8 +324,22 @@ class KeyRing:
         self._required = bool(self._static)
         self._checked_at = -math.inf
 
+    @property
+    def static_names(self) -> list[str]:
+        """The names of the keys given in the environment (GATEWAY_API_KEYS)."""
+        return sorted(key.name for key in self._static.values())
+
+    async def open(self) -> None:
+        """At start-up: static keys configure authentication, so the store records it as on.
+
+        Raises:
+            StoreUnavailable: the key store failed.
+        """
+        if self._static and self.store is not None and await self.store.auth_state() != AUTH_ON:
+            await self.store.set_auth(AUTH_ON)
+
     async def required(self) -> bool:
-        """Whether any key is configured (then every request needs one); rechecked every few seconds.
+        """Whether every request needs a key.
 
         While the key store is down, the last answer stands; before there
         was any, the store's failure is raised (nobody is let in unchecked).
@@ -258,7 +352,7 @@ class KeyRing:
         now = trio.current_time()
         if now - self._checked_at >= self._recheck_every:
             try:
-                self._required = await self.store.any_active()
+                self._required = await _auth_required(self.store)
             except GatewayError:
                 if self._checked_at == -math.inf:
                     raise
@@ -270,7 +364,7 @@ class KeyRing:
         """The caller a request's headers name.
 
         Raises:
-            Unauthorized: keys are configured and the request has no valid one.
+            Unauthorized: a key is required and the request has no valid one.
             StoreUnavailable: the key store failed.
         """
         secret = presented_key(headers)
@@ -290,12 +384,29 @@ class KeyRing:
         raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
 
 
+async def _auth_required(store: KeyStore) -> bool:
+    """The store's auth state; a store from before the state was kept is on once it has any key.
+
+    Raises:
+        StoreUnavailable: the key store failed.
+    """
+    state = await store.auth_state()
+    if state is not None:
+        return state == AUTH_ON
+    if await store.all():  # keys were configured before the state existed: it is on
+        await store.set_auth(AUTH_ON)
+        return True
+    return False
+
+
 @dataclass
 class StreamSlot:
-    """A concurrent-stream slot a caller holds; released when its stream ends."""
+    """What an admitted request holds until it ends: a concurrent-stream slot (`pool`, `slot`),
+    and the tokens reserved for it, by minute counter."""
 
-    pool: str
-    slot: str
+    pool: str | None = None
+    slot: str | None = None
+    reserved: dict[str, int] = field(default_factory=dict)
     released: bool = False
 
 
@@ -303,9 +414,14 @@ class Limiter:
     """Per-key limits, counted in the key store (shared by every instance on Redis).
 
     Windows are whole minutes of wall-clock time: a refusal's Retry-After is
-    the time left in the minute.  Stream slots are leased, renewed by the
-    process that holds them (`run_renewals`), so a dead process frees its
-    slots after one lease.
+    the time left in the minute.  Tokens are reserved when a request is
+    admitted (its input, estimated, plus the most it may generate) and
+    settled from its usage when it ends; a request is admitted while the
+    minute's count, reservations included, is below the limit, so parallel
+    requests on any number of instances exceed it by at most one
+    reservation.  Stream slots are leased, renewed by the process that
+    holds them (`run_renewals`), so a dead process frees its slots after
+    one lease.
     """
 
     def __init__(self, store: KeyStore | None, *, clock: Callable[[], float] = time.time, lease: float = 60.0) -> None:
@@ -328,15 +444,28 @@ class Limiter:
         if rpm is None or caller.key is None or self.store is None:
             return
         minute, left = self._minute()
-        if rpm <= 0 or await self.store.add(f"rpm:{caller.key.id}:{minute}", 1, ttl=120) > rpm:
+        used = rpm + 1 if rpm <= 0 else await self.store.add(f"rpm:{caller.key.id}:{minute}", 1, ttl=120)
+        _note_rate(caller, "requests", rpm, used, left)
+        if used > rpm:
             raise RateLimited(
                 f"Rate limit reached for requests: this key may make {rpm} requests per minute.", retry_after=left
             )
 
-    async def admit_stream(self, caller: Caller, model: str, slot: str) -> StreamSlot | None:
-        """Check the model, the tokens per minute and the concurrent streams before any backend call.
+    def check_model(self, caller: Caller, model: str) -> None:
+        """Raises NotFound (`model_not_found`, as OpenAI answers) when the key may not use `model`."""
+        if caller.key is not None and not caller.limits.allows_model(model):
+            raise NotFound(
+                f"The model '{model}' does not exist or you do not have access to it.",
+                param="model",
+                code="model_not_found",
+            )
 
-        Returns the stream slot to release when the stream ends (None without a concurrency limit).
+    async def admit_stream(self, caller: Caller, model: str, slot: str, *, tokens: int = 0) -> StreamSlot | None:
+        """Check the model, reserve `tokens` against the tokens per minute and take a stream slot,
+        before any backend call.
+
+        Returns what to give back when the request ends (`settle`), or None
+        when the caller has no such limits.
 
         Raises:
             NotFound: the key may not use `model` (`model_not_found`, as OpenAI answers).
@@ -345,56 +474,77 @@ class Limiter:
         limits = caller.limits
         if caller.key is None:
             return None
-        if not limits.allows_model(model):
-            raise NotFound(
-                f"The model '{model}' does not exist or you do not have access to it.",
-                param="model",
-                code="model_not_found",
-            )
-        if self.store is None:
+        self.check_model(caller, model)
+        if self.store is None or (limits.tpm is None and limits.concurrency is None):
             return None
-        if limits.tpm is not None:
-            minute, left = self._minute()
-            used = await self.store.read(f"tpm:{caller.key.id}:{minute}")
-            if limits.tpm <= 0 or used >= limits.tpm:
+        held = StreamSlot()
+        await self.reserve(held, caller, tokens)
+        if limits.concurrency is not None:
+            pool = f"streams:{caller.key.id}"
+            now = self._clock()
+            if limits.concurrency <= 0 or not await self.store.acquire(
+                pool, slot, limits.concurrency, now + self._lease, now
+            ):
+                await self.release(held)  # the reservation goes back
                 raise RateLimited(
-                    f"Rate limit reached for tokens: this key may use {limits.tpm} tokens per minute "
-                    f"and has used {used}.",
-                    retry_after=left,
-                    kind="tokens",
+                    f"Rate limit reached for concurrent streams: this key may hold {limits.concurrency} at once.",
+                    retry_after=1.0,
                 )
-        if limits.concurrency is None:
-            return None
-        pool = f"streams:{caller.key.id}"
-        now = self._clock()
-        if limits.concurrency <= 0 or not await self.store.acquire(pool, slot, limits.concurrency, now + self._lease, now):
+            self._held.setdefault(pool, set()).add(slot)
+            held.pool, held.slot = pool, slot
+        return held
+
+    async def reserve(self, held: StreamSlot | None, caller: Caller, tokens: int) -> None:
+        """Reserve `tokens` more for an admitted request (its first backend round, or a later one:
+        a tool loop's every round is admitted like a request of its own).
+
+        Raises:
+            RateLimited: the key's tokens per minute are used up (`type: tokens`).
+        """
+        tpm = caller.limits.tpm
+        if held is None or tpm is None or caller.key is None or self.store is None:
+            return
+        minute, left = self._minute()
+        counter = f"tpm:{caller.key.id}:{minute}"
+        amount = max(0, tokens)
+        taken, used = (False, 0) if tpm <= 0 else await self.store.reserve(counter, amount, tpm, ttl=120)
+        _note_rate(caller, "tokens", tpm, used, left)
+        if not taken:
             raise RateLimited(
-                f"Rate limit reached for concurrent streams: this key may hold {limits.concurrency} at once.",
-                retry_after=1.0,
+                f"Rate limit reached for tokens: this key may use {tpm} tokens per minute and has used or reserved {used}.",
+                retry_after=left,
+                kind="tokens",
             )
-        self._held.setdefault(pool, set()).add(slot)
-        return StreamSlot(pool, slot)
+        held.reserved[counter] = held.reserved.get(counter, 0) + amount
 
     async def release(self, slot: StreamSlot | None) -> None:
-        """Give back a stream slot (a relayed stream that counts no tokens)."""
+        """Give back a stream slot and its reservations, counting nothing."""
         await self.settle(slot, ANONYMOUS, 0)
 
-    async def settle(self, slot: StreamSlot | None, caller: Caller, tokens: int) -> None:
-        """A stream ended: give back its slot and count the tokens it used (against the
-        minute's limit and the key's total), in one store call, whatever happens to it."""
+    async def settle(self, slot: StreamSlot | None, caller: Caller, tokens: int | None) -> None:
+        """A request ended: give back its slot, and replace its reservations by the tokens it used
+        (counted against this minute's limit and the key's total), in one store call, whatever
+        happens to it.
+
+        `tokens=None`: its usage is unknown (a relayed body whose usage never
+        came), so what it reserved stays counted.
+        """
         release = None
+        counters: list[tuple[str, int, float]] = []
         if slot is not None and not slot.released:
             slot.released = True
-            held = self._held.get(slot.pool)
-            if held is not None:
-                held.discard(slot.slot)
-                if not held:
-                    del self._held[slot.pool]
-            release = (slot.pool, slot.slot)
-        counters: list[tuple[str, int, float]] = []
-        if caller.key is not None and tokens > 0:
+            if slot.pool is not None and slot.slot is not None:
+                held = self._held.get(slot.pool)
+                if held is not None:
+                    held.discard(slot.slot)
+                    if not held:
+                        del self._held[slot.pool]
+                release = (slot.pool, slot.slot)
+            if tokens is not None:
+                counters += [(counter, -amount, 120.0) for counter, amount in slot.reserved.items() if amount]
+        if caller.key is not None and tokens:
             minute, _ = self._minute()
-            counters = [(f"tpm:{caller.key.id}:{minute}", tokens, 120.0), (f"tokens:{caller.key.id}", tokens, 0.0)]
+            counters += [(f"tpm:{caller.key.id}:{minute}", tokens, 120.0), (f"tokens:{caller.key.id}", tokens, 0.0)]
         if self.store is None or (release is None and not counters):
             return
         with trio.CancelScope(shield=True), trio.move_on_after(5):
@@ -416,3 +566,49 @@ class Limiter:
                     await self.store.renew(pool, sorted(slots), until)
                 except GatewayError:
                     pass  # retried at the next renewal; a lease outlives two missed ones
+
+
+# The fields of a generation request that are its input (Chat Completions,
+# completions, embeddings, Anthropic Messages): their JSON, a quarter token a byte.
+_INPUT_FIELDS = ("messages", "prompt", "input", "system", "tools", "functions")
+_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def token_reservation(body: Mapping[str, Any], limits: KeyLimits, *, generates: bool = True) -> tuple[int, int | None]:
+    """What a request reserves against its key's tokens per minute: (tokens, max_tokens to set).
+
+    Its input, estimated at four bytes of JSON a token, plus the most it may
+    generate: its own maximum, else the key's output reservation -- which is
+    then also the maximum the backend is given (the second value), so that
+    what it reserved bounds what it can use.  (0, None) for a key without a
+    token limit.
+    """
+    if limits.tpm is None:
+        return 0, None
+    import orjson  # the keys package is imported by the CLI too; orjson is only needed here
+
+    given = {name: body[name] for name in _INPUT_FIELDS if body.get(name) is not None}
+    tokens = len(orjson.dumps(given)) // 4 if given else 0
+    if not generates:
+        return tokens, None
+    for name in _OUTPUT_FIELDS:
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return tokens + value, None
+    return tokens + limits.output_reservation, limits.output_reservation
+
+
+def _note_rate(caller: Caller, kind: str, limit: int, used: int, reset: float) -> None:
+    """What OpenAI's `x-ratelimit-*` headers say of one limit, noted on the caller for the edge."""
+    caller.rate[f"x-ratelimit-limit-{kind}"] = str(limit)
+    caller.rate[f"x-ratelimit-remaining-{kind}"] = str(max(0, limit - used))
+    caller.rate[f"x-ratelimit-reset-{kind}"] = reset_text(reset)
+
+
+def reset_text(seconds: float) -> str:
+    """A duration as OpenAI writes it in `x-ratelimit-reset-*`: `20ms`, `1.5s`, `6m0s`."""
+    if seconds < 1:
+        return f"{max(0, round(seconds * 1000))}ms"
+    minutes, rest = divmod(seconds, 60)
+    text = f"{round(rest, 3):g}s"
+    return f"{int(minutes)}m{text}" if minutes else text

@@ -1,11 +1,20 @@
-"""`gateway keys`: create, list and revoke API keys in the configured store.
+"""`gateway keys`: API keys in the configured store, and whether the gateway requires one.
 
-    gateway keys create NAME [--rpm N] [--tpm N] [--concurrency N]
-                             [--models GLOB,...] [--mcp-servers NAME,...|none] [--no-hosted-mcp]
-    gateway keys list
-    gateway keys revoke NAME
+    gateway keys create NAME [limits]     make a key, print it once
+    gateway keys list                     every key: state, created, tokens used, limits
+    gateway keys update NAME [limits]     change a key's limits (the others stay)
+    gateway keys rotate NAME              a new secret for the key (the old one stops at once)
+    gateway keys revoke NAME              refuse the key from its next request
+    gateway keys auth [on|off]            show or set whether every request needs a key
 
-The key is printed once, at creation; the store keeps only its digest.
+    limits: --rpm N  --tpm N  --concurrency N  --reserve N   (N, or 'none' to lift it in update)
+            --models GLOB,...|all|none  --mcp-servers NAME,...|all|none  --[no-]hosted-mcp
+
+Every command says which store it used (a key made against another
+directory's SQLite file is unknown to a gateway serving elsewhere).  The
+store keeps only a key's digest; a secret is printed once, when made.
+Authentication turns on with the first key and off only by `auth off`
+(see gateway.keys).
 """
 
 from __future__ import annotations
@@ -15,47 +24,94 @@ import dataclasses
 import sys
 import time
 import uuid
+from typing import Any
 
 import trio
 
-from ..config import ConfigError, load_settings
+from ..config import ConfigError, Settings, load_settings
 from ..errors import GatewayError
-from . import ApiKey, KeyLimits, Limiter, digest, new_secret
+from . import AUTH_OFF, AUTH_ON, ApiKey, KeyLimits, KeyStore, Limiter, check_key_name, digest, new_secret
 
 __all__ = ["add_arguments", "main"]
+
+_UNSET = object()  # a limit option not given (update leaves it as it is)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     create = commands.add_parser("create", help="make a key and print it (once)")
-    create.add_argument("name", help="a name for the key (shown in logs and metrics)")
-    create.add_argument("--rpm", type=_count, help="requests per minute")
-    create.add_argument("--tpm", type=_count, help="tokens per minute")
-    create.add_argument("--concurrency", type=_count, help="streams at once")
-    create.add_argument("--models", type=_names, help="comma-separated model names or globs (qwen*) it may use")
-    create.add_argument(
-        "--mcp-servers", type=_names, help="comma-separated configured MCP servers it may use ('none': none; default all)"
-    )
-    create.add_argument("--no-hosted-mcp", action="store_true", help="may not name MCP servers by URL")
+    create.add_argument("name", type=_name, help="a name for the key (shown in logs and metrics)")
+    _limit_options(create)
     commands.add_parser("list", help="every key: name, limits, tokens used, revoked or not")
+    update = commands.add_parser("update", help="change a key's limits (options not given stay as they are)")
+    update.add_argument("name", type=_name)
+    _limit_options(update)
+    rotate = commands.add_parser("rotate", help="give a key a new secret (printed once); the old one stops at once")
+    rotate.add_argument("name", type=_name)
     revoke = commands.add_parser("revoke", help="revoke a key (its next request is refused)")
-    revoke.add_argument("name")
+    revoke.add_argument("name", type=_name)
+    auth = commands.add_parser("auth", help="show, or turn on or off, whether every request needs a key")
+    auth.add_argument("state", nargs="?", choices=(AUTH_ON, AUTH_OFF))
 
 
-def _count(text: str) -> int:
-    value = int(text)
+def _limit_options(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(rpm=_UNSET, tpm=_UNSET, concurrency=_UNSET, reserve=_UNSET, models=_UNSET, mcp_servers=_UNSET)
+    parser.add_argument("--rpm", type=_count, help="requests per minute ('none': no limit)")
+    parser.add_argument("--tpm", type=_count, help="tokens per minute ('none': no limit)")
+    parser.add_argument("--concurrency", type=_count, help="streams at once ('none': no limit)")
+    parser.add_argument(
+        "--reserve", type=_count, help="output tokens a request without max_output_tokens reserves (tpm keys; default 4096)"
+    )
+    parser.add_argument("--models", type=_names, help="comma-separated model names or globs (qwen*) it may use ('all', 'none')")
+    parser.add_argument(
+        "--mcp-servers", type=_names, help="comma-separated configured MCP servers it may use ('all': default, 'none')"
+    )
+    parser.add_argument(
+        "--hosted-mcp", action=argparse.BooleanOptionalAction, default=None, help="may name MCP servers by URL (default yes)"
+    )
+
+
+def _name(text: str) -> str:
+    try:
+        return check_key_name(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _count(text: str) -> int | None:
+    if text.strip().lower() in ("none", "unlimited"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a whole number, or 'none'") from None
     if value < 0:
         raise argparse.ArgumentTypeError("must be 0 or more (0: none allowed)")
     return value
 
 
-def _names(text: str) -> tuple[str, ...]:
-    if text.strip().lower() == "none":
+def _names(text: str) -> tuple[str, ...] | None:
+    word = text.strip().lower()
+    if word == "none":
         return ()
+    if word == "all":
+        return None
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     if not names:
-        raise argparse.ArgumentTypeError("give names separated by commas, or 'none'")
+        raise argparse.ArgumentTypeError("give names separated by commas, 'all' or 'none'")
     return names
+
+
+def _limits(args: argparse.Namespace, base: KeyLimits) -> KeyLimits:
+    """`base` with the limit options that were given."""
+    changes: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in ("rpm", "tpm", "concurrency", "reserve", "models", "mcp_servers")
+        if getattr(args, name) is not _UNSET
+    }
+    if args.hosted_mcp is not None:
+        changes["hosted_mcp"] = args.hosted_mcp
+    return dataclasses.replace(base, **changes)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -73,52 +129,135 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         return int(trio.run(_run, args, settings))
-    except (GatewayError, ConfigError) as error:
-        print(f"gateway: {getattr(error, 'message', error)}", file=sys.stderr)
+    except ConfigError as error:
+        print(f"gateway: {error}", file=sys.stderr)
+        return 2
+    except GatewayError as error:
+        where = f" ({error.cause})" if error.cause else ""
+        print(f"gateway: {error.message}{where}", file=sys.stderr)
         return 2
 
 
-async def _run(args: argparse.Namespace, settings: object) -> int:
+async def _run(args: argparse.Namespace, settings: Settings) -> int:
     from .stores import open_key_store
 
-    store = open_key_store(settings)  # type: ignore[arg-type]
+    store = open_key_store(settings)
     try:
-        if args.action == "create":
-            existing = await store.by_name(args.name)
-            if existing is not None and existing.active:
-                print(f"gateway: a key named {args.name!r} exists; revoke it first", file=sys.stderr)
-                return 2
-            secret = new_secret()
-            limits = KeyLimits(
-                rpm=args.rpm,
-                tpm=args.tpm,
-                concurrency=args.concurrency,
-                models=args.models,
-                mcp_servers=args.mcp_servers,
-                hosted_mcp=not args.no_hosted_mcp,
-            )
-            key = ApiKey(name=args.name, id=f"key_{uuid.uuid4().hex}", digest=digest(secret), created_at=time.time(), limits=limits)
-            await store.put(key)
-            print(secret)
-            print(f"created key {key.name!r} ({limits.describe()}); this is the only time it is shown", file=sys.stderr)
-            return 0
-        if args.action == "list":
-            limiter = Limiter(store)
-            keys = await store.all()
-            if not keys:
-                print("no keys (the gateway serves everyone)")
-            for key in keys:
-                state = "revoked" if not key.active else "active"
-                created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(key.created_at))
-                tokens = await limiter.tokens_used(key)
-                print(f"{key.name}\t{state}\tcreated {created}Z\ttokens {tokens}\t{key.limits.describe()}")
-            return 0
-        found = await store.by_name(args.name)
-        if found is None or not found.active:
-            print(f"gateway: no active key named {args.name!r}", file=sys.stderr)
-            return 2
-        await store.put(dataclasses.replace(found, revoked_at=time.time()))
-        print(f"revoked key {found.name!r}")
-        return 0
+        return await _ACTIONS[args.action](args, store)
     finally:
         await store.aclose()
+
+
+def _say(store: KeyStore, text: str) -> None:
+    print(f"{text} (keys in {store.location})", file=sys.stderr)
+
+
+async def _create(args: argparse.Namespace, store: KeyStore) -> int:
+    existing = await store.by_name(args.name)
+    if existing is not None and existing.active:
+        print(f"gateway: a key named {args.name!r} exists in {store.location}; revoke it first", file=sys.stderr)
+        return 2
+    secret = new_secret()
+    limits = _limits(args, KeyLimits())
+    key = ApiKey(name=args.name, id=f"key_{uuid.uuid4().hex}", digest=digest(secret), created_at=time.time(), limits=limits)
+    await store.put(key)
+    await store.set_auth(AUTH_ON)  # configuring a key turns authentication on (see gateway.keys)
+    print(secret)
+    _say(store, f"created key {key.name!r} ({limits.describe()}); this is the only time it is shown")
+    return 0
+
+
+async def _list(args: argparse.Namespace, store: KeyStore) -> int:
+    limiter = Limiter(store)
+    keys = await store.all()
+    state = await store.auth_state()
+    required = state == AUTH_ON or (state is None and bool(keys))
+    print(f"# keys in {store.location}; authentication {'on' if required else 'off'}")
+    if not keys:
+        print("no keys" + ("" if required else " (the gateway serves everyone)"))
+    for key in keys:
+        created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(key.created_at))
+        tokens = await limiter.tokens_used(key)
+        status = "active" if key.active else "revoked"
+        print(f"{key.name}\t{status}\tcreated {created}Z\ttokens {tokens}\t{key.limits.describe()}")
+    return 0
+
+
+async def _active(store: KeyStore, name: str) -> ApiKey | None:
+    found = await store.by_name(name)
+    if found is None or not found.active:
+        print(f"gateway: no active key named {name!r} in {store.location}", file=sys.stderr)
+        return None
+    return found
+
+
+async def _update(args: argparse.Namespace, store: KeyStore) -> int:
+    found = await _active(store, args.name)
+    if found is None:
+        return 2
+    limits = _limits(args, found.limits)
+    await store.put(dataclasses.replace(found, limits=limits))
+    _say(store, f"updated key {found.name!r}: {limits.describe()}")
+    return 0
+
+
+async def _rotate(args: argparse.Namespace, store: KeyStore) -> int:
+    found = await _active(store, args.name)
+    if found is None:
+        return 2
+    secret = new_secret()
+    # The id stays: the key's stored responses, counters and slots are still its own.
+    await store.put(dataclasses.replace(found, digest=digest(secret)))
+    print(secret)
+    _say(store, f"rotated key {found.name!r}: the old secret is refused from now on; this is the only time the new one is shown")
+    return 0
+
+
+async def _revoke(args: argparse.Namespace, store: KeyStore) -> int:
+    found = await _active(store, args.name)
+    if found is None:
+        return 2
+    await store.put(dataclasses.replace(found, revoked_at=time.time()))
+    left = sum(key.active for key in await store.all())
+    after = (
+        f"{left} active key{'s' if left != 1 else ''} left"
+        if left
+        else "no active key left: nobody can call the gateway until a key is created "
+        "(or authentication is turned off with `gateway keys auth off`)"
+    )
+    _say(store, f"revoked key {found.name!r}; {after}")
+    return 0
+
+
+async def _auth(args: argparse.Namespace, store: KeyStore) -> int:
+    keys = await store.all()
+    if args.state is None:
+        state = await store.auth_state()
+        required = state == AUTH_ON or (state is None and bool(keys))
+        print(f"authentication {'on' if required else 'off'}")
+        _say(store, f"{sum(k.active for k in keys)} active keys")
+        return 0
+    if args.state == AUTH_OFF:
+        active = [key.name for key in keys if key.active]
+        if active:
+            print(
+                f"gateway: authentication stays on while keys are active ({', '.join(active)}); revoke them first",
+                file=sys.stderr,
+            )
+            return 2
+    await store.set_auth(args.state)
+    if args.state == AUTH_OFF:
+        _say(store, "authentication off: every instance serves requests without a key within a second")
+    else:
+        _say(store, "authentication on: every request needs a key")
+    return 0
+
+
+_ACTIONS = {
+    "create": _create,
+    "list": _list,
+    "update": _update,
+    "rotate": _rotate,
+    "revoke": _revoke,
+    "auth": _auth,
+}

@@ -8,6 +8,7 @@ stream slots.  Library errors become `StoreUnavailable`.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ import trio
 
 from ..config import ConfigError, Settings
 from ..errors import StoreUnavailable
+from ..redact import public_url
 from . import ApiKey, KeyStore
 
 __all__ = ["MemoryKeys", "RedisKeys", "SQLiteKeys", "open_key_store"]
@@ -35,7 +37,7 @@ def open_key_store(settings: Settings) -> KeyStore:
         return MemoryKeys()
     if settings.store_backend == "redis":
         return RedisKeys(settings.redis_url)
-    path = keys_path(settings.sqlite_path)
+    path = os.path.abspath(keys_path(settings.sqlite_path)) if settings.sqlite_path != ":memory:" else ":memory:"
     try:
         return SQLiteKeys(path)
     except (OSError, sqlite3.Error) as exc:
@@ -60,10 +62,21 @@ class MemoryKeys:
         self._keys: dict[str, ApiKey] = {}
         self._counters: dict[str, tuple[int, float]] = {}
         self._slots: dict[str, dict[str, float]] = {}
+        self._auth: str | None = None
         self._clock = clock
+
+    @property
+    def location(self) -> str:
+        return "memory (this process only)"
 
     async def put(self, key: ApiKey) -> None:
         self._keys[key.name] = key
+
+    async def auth_state(self) -> str | None:
+        return self._auth
+
+    async def set_auth(self, state: str) -> None:
+        self._auth = state
 
     async def by_digest(self, key_digest: str) -> ApiKey | None:
         return next((k for k in self._keys.values() if k.digest == key_digest), None)
@@ -89,6 +102,12 @@ class MemoryKeys:
     async def read(self, counter: str) -> int:
         value, expires = self._counters.get(counter, (0, 0.0))
         return 0 if expires and expires < self._clock() else value
+
+    async def reserve(self, counter: str, amount: int, limit: int, ttl: float) -> tuple[bool, int]:
+        used = await self.read(counter)
+        if used >= limit:
+            return False, used
+        return True, await self.add(counter, amount, ttl)
 
     async def acquire(self, pool: str, slot: str, limit: int, until: float, now: float) -> bool:
         slots = self._slots.setdefault(pool, {})
@@ -123,6 +142,7 @@ CREATE TABLE IF NOT EXISTS api_keys (name TEXT PRIMARY KEY, digest TEXT NOT NULL
 CREATE INDEX IF NOT EXISTS api_keys_by_digest ON api_keys(digest);
 CREATE TABLE IF NOT EXISTS key_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL, expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS key_slots (pool TEXT NOT NULL, slot TEXT NOT NULL, until REAL NOT NULL, PRIMARY KEY (pool, slot));
+CREATE TABLE IF NOT EXISTS key_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
@@ -141,13 +161,20 @@ class SQLiteKeys:
         from ..store.sqlite import SQLiteFile, _retry_locked
 
         self._file = SQLiteFile(path, lambda conn: _retry_locked(lambda: conn.executescript(_SCHEMA)))
+        self._path = path
         self._clock = clock
+
+    @property
+    def location(self) -> str:
+        return f"SQLite file {self._path}"
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         try:
             return await self._file.run(fn, *args)
         except sqlite3.Error as exc:
-            raise StoreUnavailable("The key store failed; try again.") from exc
+            raise StoreUnavailable(
+                "The key store failed; try again.", cause=f"key store ({self.location}): {type(exc).__name__}: {exc}"
+            ) from exc
 
     @staticmethod
     def _write(conn: sqlite3.Connection, sql: str, *args: Any) -> None:
@@ -186,6 +213,17 @@ class SQLiteKeys:
     async def any_active(self) -> bool:
         return any(key.active for key in await self.all())
 
+    @staticmethod
+    def _auth_state(conn: sqlite3.Connection) -> str | None:
+        row = conn.execute("SELECT value FROM key_settings WHERE name = 'auth'").fetchone()
+        return str(row[0]) if row is not None else None
+
+    async def auth_state(self) -> str | None:
+        return await self._run(self._auth_state)
+
+    async def set_auth(self, state: str) -> None:
+        await self._run(self._write, "INSERT OR REPLACE INTO key_settings (name, value) VALUES ('auth', ?)", state)
+
     def _add(self, conn: sqlite3.Connection, counter: str, amount: int, ttl: float) -> int:
         with conn:
             conn.execute("BEGIN IMMEDIATE")
@@ -214,6 +252,17 @@ class SQLiteKeys:
 
     async def read(self, counter: str) -> int:
         return await self._run(self._read, counter)
+
+    def _reserve(self, conn: sqlite3.Connection, counter: str, amount: int, limit: int, ttl: float) -> tuple[bool, int]:
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            used = self._read(conn, counter)
+            if used >= limit:
+                return False, used
+            return True, self._count(conn, counter, amount, ttl)
+
+    async def reserve(self, counter: str, amount: int, limit: int, ttl: float) -> tuple[bool, int]:
+        return await self._run(self._reserve, counter, amount, limit, ttl)
 
     @staticmethod
     def _acquire(conn: sqlite3.Connection, pool: str, slot: str, limit: int, until: float, now: float) -> bool:
@@ -274,6 +323,20 @@ return 1
 """
 
 
+# Reserve ARGV[1] on a counter below ARGV[2]: atomic in Redis.  {taken, value}.
+_RESERVE = """
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+if used >= tonumber(ARGV[2]) then
+  return {0, used}
+end
+used = redis.call('INCRBY', KEYS[1], ARGV[1])
+if redis.call('TTL', KEYS[1]) < 0 then
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+end
+return {1, used}
+"""
+
+
 class RedisKeys:
     """Keys and counters in Redis: every instance sees the same keys and counts the same limits."""
 
@@ -282,9 +345,15 @@ class RedisKeys:
 
         self._redis = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, max_connections=threads)
         self._errors = redis.exceptions.RedisError
+        self._url = public_url(url)
         self._prefix = prefix
         self._limiter = trio.CapacityLimiter(threads)
         self._acquire_script = self._redis.register_script(_ACQUIRE)
+        self._reserve_script = self._redis.register_script(_RESERVE)
+
+    @property
+    def location(self) -> str:
+        return f"Redis at {self._url}"
 
     def _k(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
@@ -293,7 +362,9 @@ class RedisKeys:
         try:
             return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
         except self._errors as exc:
-            raise StoreUnavailable("The key store failed; try again.") from exc
+            raise StoreUnavailable(
+                "The key store failed; try again.", cause=f"key store ({self.location}): {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _put(self, key: ApiKey) -> None:
         old = self._redis.hget(self._k("keys"), key.name)
@@ -323,6 +394,13 @@ class RedisKeys:
     async def any_active(self) -> bool:
         return any(key.active for key in await self.all())
 
+    async def auth_state(self) -> str | None:
+        value = await self._run(self._redis.get, self._k("auth"))
+        return value.decode() if isinstance(value, bytes) else value
+
+    async def set_auth(self, state: str) -> None:
+        await self._run(self._redis.set, self._k("auth"), state)
+
     def _add(self, counter: str, amount: int, ttl: float) -> int:
         pipe = self._redis.pipeline(transaction=True)
         pipe.incrby(self._k("counter", counter), amount)
@@ -336,6 +414,12 @@ class RedisKeys:
     async def read(self, counter: str) -> int:
         value = await self._run(self._redis.get, self._k("counter", counter))
         return int(value) if value is not None else 0
+
+    async def reserve(self, counter: str, amount: int, limit: int, ttl: float) -> tuple[bool, int]:
+        taken, used = await self._run(
+            lambda: self._reserve_script(keys=[self._k("counter", counter)], args=[amount, limit, int(ttl)])
+        )
+        return bool(taken), int(used)
 
     async def acquire(self, pool: str, slot: str, limit: int, until: float, now: float) -> bool:
         taken = await self._run(

@@ -24,6 +24,11 @@ not 2xx), ``no_terminal`` (the body ended without `response.completed`/`response
 or for chat without `[DONE]`), ``failed_event`` (a `response.failed` or `error` event, or a chat
 `{"error": ...}` chunk), ``timeout`` (`LoadConfig.timeout`), ``read`` (the connection failed or
 closed mid-response), ``protocol`` (the server's bytes are not valid HTTP/1.1 framing).
+
+The report counts failures by a finer kind (`RequestResult.failure_kind`, `LoadReport.failures`):
+``http <status>`` and ``failed_event``, each followed by the error's `code` when the server gave
+one, and ``reset`` for ``read``; the other kinds keep their names. The code is read only where a
+failure was already seen: from the first 64 KiB of a non-2xx body, or of an error/failed frame.
 """
 
 from __future__ import annotations
@@ -79,6 +84,14 @@ _MAX_FRAME = 16 * 1024 * 1024
 # core on a machine it shares with the server under test.
 _CONNECT_BACKOFF = 0.05
 _ERROR_SAMPLE = 300
+# How much of a non-2xx body or of one error frame is kept to find the error's code: the rest of
+# a large body is still read (to keep the connection) but not stored.
+_MAX_ERROR_BODY = 65536
+# Error frames parsed per stream while none has given a code (the gateway sends an `error` event
+# and then `response.failed`); a server repeating codeless error frames costs no more than this.
+_MAX_FAILURE_FRAMES = 4
+_CODE_CHARS = re.compile(r"[^\w.:/-]")
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class _Failure(Exception):
@@ -327,6 +340,61 @@ def _classify_chat(buf: bytearray, start: int, end: int) -> int:
 _Classifier = Callable[[bytearray, int, int], int]
 
 
+# ---------------------------------------------------------------------------------------------
+# What a failure said: read only once a request has failed, so it costs nothing on success
+
+
+def _sample(text: str) -> str:
+    """`text` cut to a sample and made safe to print: control characters (a terminal's escape
+    sequences among them) and line separators are shown escaped."""
+    text = text[:_ERROR_SAMPLE]
+    return _UNPRINTABLE.sub(lambda match: match[0].encode("unicode_escape").decode("ascii"), text)
+
+
+def _loads(data: bytes) -> object:
+    """JSON, or None when `data` is not (a truncated body is not)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _frame_json(frame: bytes) -> object:
+    """The JSON in an SSE frame's `data:` lines (joined with LF, as the SSE spec says)."""
+    data = []
+    for line in frame.splitlines():
+        if line.startswith(b"data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(b" ") else value)
+    return _loads(b"\n".join(data)) if data else None
+
+
+def _error_fields(data: object) -> tuple[str | None, str]:
+    """(code, message) of an OpenAI-shaped error, either may be missing: `{"error": {...}}` (a
+    JSON error body, a chat error chunk), a `response.failed` event's `response.error`, or an
+    `error` event's own `code` and `message`. The code becomes a label (at most 64 characters
+    of letters, digits and `_.:/-`); the message a printable sample."""
+    if not isinstance(data, dict):
+        return None, ""
+    error = data.get("error")
+    if isinstance(error, str):  # `{"error": "text"}`, as some servers send
+        return None, _sample(error)
+    response = data.get("response")
+    candidates = [error, response.get("error") if isinstance(response, dict) else None, data]
+    code: str | None = None
+    message = ""
+    for candidate in candidates:
+        if not isinstance(candidate, dict):
+            continue
+        value = candidate.get("code")
+        if code is None and isinstance(value, (str, int)) and not isinstance(value, bool):
+            code = _CODE_CHARS.sub("_", str(value).strip())[:64] or None
+        text = candidate.get("message")
+        if not message and isinstance(text, str):
+            message = _sample(text)
+    return code, message
+
+
 class _FrameScanner:
     """Cuts a body into SSE frames at blank lines and keeps the per-stream counters."""
 
@@ -344,6 +412,9 @@ class _FrameScanner:
         "terminal",
         "failed",
         "done",
+        "error_code",
+        "error_message",
+        "_failure_frames",
     )
 
     def __init__(self, classify: _Classifier, t_start: float) -> None:
@@ -360,6 +431,9 @@ class _FrameScanner:
         self.terminal = 0
         self.failed = False
         self.done = False
+        self.error_code: str | None = None
+        self.error_message = ""
+        self._failure_frames = 0
 
     def feed(self, data: bytes, now: float) -> None:
         buf = self._buf
@@ -397,6 +471,8 @@ class _FrameScanner:
                             self.first_text = now - self._t_start
                     elif kind == _FAILED:
                         self.failed = True
+                        if self.error_code is None and self._failure_frames < _MAX_FAILURE_FRAMES:
+                            self._read_failure(bytes(buf[start : min(end, start + _MAX_ERROR_BODY)]))
                     elif kind != _OTHER:
                         self.terminal = kind
             start = end + step
@@ -404,6 +480,15 @@ class _FrameScanner:
             del buf[:start]
         if len(buf) > _MAX_FRAME:
             raise _Failure("protocol", f"an SSE frame exceeded {_MAX_FRAME} bytes")
+
+    def _read_failure(self, frame: bytes) -> None:
+        """Keep the first code and message of an `error`/`response.failed` frame or chat error
+        chunk. Only failure frames get here, so parsing their JSON costs nothing on success."""
+        self._failure_frames += 1
+        code, message = _error_fields(_frame_json(frame))
+        self.error_code = code
+        if not self.error_message:
+            self.error_message = message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,10 +574,32 @@ class RequestResult:
     terminal: str | None = None
     saw_done: bool = False
     new_connection: bool = False
+    # The error's `code` as the server said it: in a non-2xx JSON body, an `error` or
+    # `response.failed` event, or a chat error chunk.
+    code: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def failure_kind(self) -> str | None:
+        """The row this request counts under in `LoadReport.failures`, None if it succeeded:
+        ``http 503 server_shutting_down``, ``http 500``, ``failed_event server_error``,
+        ``failed_event``, ``reset`` (for `error` ``read``), ``timeout``, ``connect``,
+        ``protocol``, ``no_terminal``."""
+        error = self.error
+        if error is None:
+            return None
+        if error == "http_status":
+            kind = f"http {self.status}"
+        elif error == "read":
+            return "reset"
+        elif error == "failed_event":
+            kind = error
+        else:
+            return error
+        return f"{kind} {self.code}" if self.code else kind
 
 
 @dataclass(frozen=True)
@@ -538,7 +645,11 @@ class ServerUsage:
 class LoadReport:
     """The aggregate of one run. Latency distributions cover successful requests; longest
     silences cover every request that got response headers (a stall that ended in a timeout is
-    exactly what they are for)."""
+    exactly what they are for).
+
+    `errors` counts failed requests by `RequestResult.error`; `failures` by the finer
+    `RequestResult.failure_kind` (most frequent first), with one sample message of each in
+    `failure_examples`."""
 
     config: dict[str, Any]
     started_at: float
@@ -567,7 +678,15 @@ class LoadReport:
     loader_cpu_per_response_ms: float | None
     server: ServerUsage | None
     machine: str = ""  # where the run was made: CPU, cores, OS, Python
+    failures: dict[str, int] = field(default_factory=dict)
+    failure_examples: dict[str, str] = field(default_factory=dict)
     requests: list[RequestResult] = field(default_factory=list, repr=False)
+
+    @property
+    def error_rate(self) -> float:
+        """Failed requests as a fraction of the counted ones (warm-up excluded); 0 when none."""
+        counted = self.requests_completed + self.requests_failed
+        return self.requests_failed / counted if counted else 0.0
 
     def to_json(self, *, include_requests: bool = False) -> str:
         """The report as indented JSON; per-request records only when asked (they are large)."""
@@ -810,8 +929,8 @@ class _Client:
                             first_byte = now
                         if scanner is not None:
                             scanner.feed(body, now)
-                        elif len(error_body) < _ERROR_SAMPLE:
-                            error_body += body[:_ERROR_SAMPLE]
+                        elif len(error_body) < _MAX_ERROR_BODY:
+                            error_body += body[: _MAX_ERROR_BODY - len(error_body)]
                 if decoder.done:
                     break
                 # Keep the running maximum visible to a timeout that interrupts the read.
@@ -858,10 +977,14 @@ class _Client:
             await self.aclose()
 
         if scanner is None:
-            text = bytes(error_body[:_ERROR_SAMPLE]).decode("utf-8", "replace")
-            raise _Failure("http_status", f"{status}: {text}")
+            body = bytes(error_body)
+            result.code, message = _error_fields(_loads(body))
+            if not message:
+                message = _sample(body[:_ERROR_SAMPLE].decode("utf-8", "replace"))
+            raise _Failure("http_status", f"{status}: {message}")
         if scanner.failed:
-            raise _Failure("failed_event", "the stream reported a failure")
+            result.code = scanner.error_code
+            raise _Failure("failed_event", scanner.error_message or "the stream reported a failure")
         if self._chat:
             if not scanner.done:
                 raise _Failure("no_terminal", "the stream ended without [DONE]")
@@ -1237,9 +1360,16 @@ def _aggregate(
         )
     errors = Counter(r.error for r in results if r.error is not None)
     examples: dict[str, str] = {}
+    kinds: Counter[str] = Counter()
+    kind_examples: dict[str, str] = {}
     for r in results:
         if r.error is not None and r.error not in examples:
             examples[r.error] = r.error_detail
+        kind = r.failure_kind
+        if kind is not None:
+            kinds[kind] += 1
+            kind_examples.setdefault(kind, r.error_detail)
+    failures = dict(sorted(kinds.items(), key=lambda item: (-item[1], item[0])))
     return LoadReport(
         machine=_describe_machine(),
         config=_reported_config(config),
@@ -1251,6 +1381,8 @@ def _aggregate(
         status_codes=dict(sorted(Counter(str(r.status) for r in results if r.status).items())),
         errors=dict(sorted(errors.items())),
         error_examples=examples,
+        failures=failures,
+        failure_examples={kind: kind_examples[kind] for kind in failures},
         terminals=dict(sorted(Counter(r.terminal for r in ok if r.terminal).items())),
         time_to_first_byte_ms=Percentiles.of([r.time_to_first_byte for r in ok if r.time_to_first_byte is not None]),
         time_to_first_event_ms=Percentiles.of(
@@ -1301,11 +1433,12 @@ def format_summary(report: LoadReport) -> str:
         f"{report.connections_opened} new connections"
         + (f", {report.stale_connection_retries} found closed" if report.stale_connection_retries else ""),
     ]
-    if report.errors:
-        errors = ", ".join(f"{kind} {n}" for kind, n in report.errors.items())
-        lines.append(f"  errors: {errors}")
-        for kind, detail in report.error_examples.items():
-            lines.append(f"    {kind}: {detail[:120]}")
+    if report.failures:
+        counted = report.requests_completed + report.requests_failed
+        lines.append(f"  failed by kind ({report.requests_failed} of {counted}, {_percent(report.error_rate)}):")
+        for kind, n in report.failures.items():
+            example = report.failure_examples.get(kind, "")
+            lines.append(f"    {kind}: {n}" + (f"    e.g. {example[:120]}" if example else ""))
     lines.append(f"  {'(ms)':<18}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}")
     for label, dist in (
         ("first byte", report.time_to_first_byte_ms),
@@ -1332,6 +1465,12 @@ def format_summary(report: LoadReport) -> str:
         f"  loader: cpu {report.loader_cpu_seconds:.2f} s ({_num(report.loader_cpu_per_response_ms)} ms/response)"
     )
     return "\n".join(lines)
+
+
+def _percent(rate: float) -> str:
+    # One failure in thousands of requests must not read as 0.0%.
+    text = f"{rate:.1%}"
+    return "<0.1%" if rate and text == "0.0%" else text
 
 
 def _num(value: float | None) -> str:
@@ -1432,7 +1571,7 @@ def render_html(report: LoadReport) -> str:
         ("completed / failed", f"{report.requests_completed} / {report.requests_failed}"),
         ("wall time", f"{report.wall_seconds:.2f} s"),
         ("throughput", f"{report.throughput_rps:.2f} responses/s"),
-        ("errors", ", ".join(f"{k} {v}" for k, v in report.errors.items()) or "none"),
+        ("failed by kind", ", ".join(f"{k}: {v}" for k, v in report.failures.items()) or "none"),
         ("connections opened", str(report.connections_opened)),
         ("heartbeats", str(report.heartbeats_total)),
         ("longest silence max / p99", f"{_num(report.longest_silence_max_ms)} / {_num(report.longest_silence_p99_ms)} ms"),
@@ -1445,13 +1584,13 @@ def render_html(report: LoadReport) -> str:
     run_table = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in run_rows)
     summary = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in rows)
     errors = ""
-    if report.errors:
+    if report.failures:
         errors = (
-            "<h2>Errors (the first of each kind)</h2><table><tr><th>kind</th><th>n</th><th>example</th></tr>"
+            "<h2>Errors by kind</h2><table><tr><th>kind</th><th>n</th><th>first example</th></tr>"
             + "".join(
                 f"<tr><td>{esc(kind)}</td><td>{n}</td>"
-                f"<td class='example'>{esc(report.error_examples.get(kind, '')[:400])}</td></tr>"
-                for kind, n in report.errors.items()
+                f"<td class='example'>{esc(report.failure_examples.get(kind, '')[:400])}</td></tr>"
+                for kind, n in report.failures.items()
             )
             + "</table>"
         )
@@ -1680,6 +1819,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", dest="html_path", metavar="PATH", help="write an HTML report with charts")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="show live progress (default: when stdout is a terminal)")
+    parser.add_argument("--max-error-rate", type=float, default=0.0, metavar="R",
+                        help="exit 1 when more than this fraction (0..1) of the counted requests failed "
+                        "(default 0: any failure)")
 
 
 def _config_from(args: argparse.Namespace) -> LoadConfig:
@@ -1707,13 +1849,36 @@ def _config_from(args: argparse.Namespace) -> LoadConfig:
     )
 
 
+def _max_error_rate(args: argparse.Namespace) -> float:
+    rate = float(getattr(args, "max_error_rate", 0.0))
+    if not 0 <= rate <= 1:  # NaN fails this too
+        raise ValueError(f"--max-error-rate must be a fraction from 0 to 1, got {rate:g}")
+    return rate
+
+
+def _verdict(report: LoadReport, max_error_rate: float) -> str | None:
+    """Why the run fails, in one line, or None when it passes: more than `max_error_rate` of
+    the counted requests failed, or none succeeded."""
+    counted = report.requests_completed + report.requests_failed
+    if report.requests_failed and report.error_rate > max_error_rate:
+        return (
+            f"{report.requests_failed} of {counted} requests failed ({_percent(report.error_rate)}), "
+            f"above --max-error-rate {max_error_rate:g}"
+        )
+    if not report.requests_completed:
+        return f"none of {counted} requests succeeded" if counted else "no request was made"
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the load test described by parsed `args`, print a summary and write the outputs.
 
-    Returns 0 when at least one request succeeded, 1 when none did, 2 for invalid options.
+    Returns 0 when the run passed, 1 (with one line on stderr saying why) when more than
+    `--max-error-rate` of the counted requests failed or none succeeded, 2 for invalid options.
     """
     try:
         config = _config_from(args)
+        max_error_rate = _max_error_rate(args)
     except ValueError as error:
         print(f"gateway loadtest: {error}", file=sys.stderr)
         return 2
@@ -1730,7 +1895,11 @@ def main(args: argparse.Namespace) -> int:
     if args.html_path:
         with open(args.html_path, "w", encoding="utf-8") as file:
             file.write(render_html(report))
-    return 0 if report.requests_completed else 1
+    problem = _verdict(report, max_error_rate)
+    if problem is not None:
+        print(f"gateway loadtest: {problem}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _raise_fd_limit() -> None:

@@ -13,7 +13,7 @@ from .base import ResponseStore, StoredResponse
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
 
-__all__ = ["MemoryStore", "ResponseStore", "SQLiteStore", "StoredResponse", "open_store"]
+__all__ = ["MemoryStore", "ResponseStore", "SQLiteStore", "StoredResponse", "open_store", "store_location"]
 
 
 def open_store(settings: Settings) -> ResponseStore:
@@ -34,3 +34,16 @@ def open_store(settings: Settings) -> ResponseStore:
     except (OSError, sqlite3.Error) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError(f"SQLITE_PATH: cannot open the SQLite store at {settings.sqlite_path!r}: {reason}") from None
+
+
+def store_location(settings: Settings) -> str:
+    """Where the settings keep stored responses, for log lines (no password)."""
+    import os
+
+    from ..redact import public_url
+
+    if settings.store_backend == "memory":
+        return "memory (this process only)"
+    if settings.store_backend == "redis":
+        return f"Redis at {public_url(settings.redis_url)}"
+    return f"SQLite file {os.path.abspath(settings.sqlite_path)}"

@@ -10,6 +10,11 @@ atomically (a compare-and-set).  Items are also found by their own id, for
 (`lease_until`, wall-clock seconds) that its process renews; stores index
 leases so that expired ones can be found after a crash.
 
+With a TTL, a record expires that many seconds after its last write (a
+save or an update) and then answers as an unknown one, by id and by item;
+a record holding a lease does not expire while it holds it (a running
+response must not vanish, and a lost one must still be found to be ended).
+
 Stores raise `StoreUnavailable` for their library's failures, and nothing
 else.
 

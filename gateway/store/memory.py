@@ -2,7 +2,10 @@
 
 Fast and simple, and gone on restart; for one process only.  Records are
 kept encoded, so what a caller does with a loaded record never changes the
-stored one (the same behaviour as the other stores).
+stored one (the same behaviour as the other stores).  A record expires
+`ttl` seconds after its last write (save or update), unless it holds a
+lease (a running background response), and is dropped when next looked up;
+the count bound evicts the others, so no sweep is needed.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ class MemoryStore:
         if entry is None:
             return None
         saved_at, data, item_ids = entry
-        if self._ttl is not None and self._clock() - saved_at > self._ttl:
+        running = response_id in self._leases  # a running response's record never expires
+        if self._ttl is not None and not running and self._clock() - saved_at > self._ttl:
             del self._records[response_id]
             self._unindex(response_id, item_ids)
             return None

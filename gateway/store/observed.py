@@ -1,10 +1,16 @@
-"""A store that reports how long each of its calls takes (to the telemetry), and nothing else."""
+"""A store that reports how long each of its calls takes (to the telemetry), and where its failures are.
+
+A `StoreUnavailable` it passes on names the store (`cause`: where it is,
+and the library's error), for the operator's log line; the client's
+message stays the store's own, which names nothing.
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from ..errors import StoreUnavailable
 from ..observe import Telemetry
 from .base import Change, ResponseStore, StoredResponse
 
@@ -14,9 +20,10 @@ __all__ = ["ObservedStore"]
 class ObservedStore:
     """Wraps a `ResponseStore`; every call is timed and counted, its result unchanged."""
 
-    def __init__(self, store: ResponseStore, telemetry: Telemetry) -> None:
+    def __init__(self, store: ResponseStore, telemetry: Telemetry, *, location: str = "the store") -> None:
         self.inner = store
         self._telemetry = telemetry
+        self.location = location
 
     async def _timed(self, operation: str, call: Any) -> Any:
         started = time.perf_counter()
@@ -25,6 +32,12 @@ class ObservedStore:
             result = await call
             ok = True
             return result
+        except StoreUnavailable as error:
+            if error.cause is None:
+                original = error.__cause__
+                detail = f": {type(original).__name__}: {original}" if original is not None else ""
+                error.cause = f"store ({self.location}){detail}"
+            raise
         finally:
             self._telemetry.store_operation(operation=operation, seconds=time.perf_counter() - started, ok=ok)
 

@@ -7,6 +7,12 @@ are written in one MULTI/EXEC transaction; `update` is optimistic (WATCH,
 retried on conflict).  Running background responses' leases live in one
 sorted set, scored by their end.
 
+Records and their item keys expire through Redis's own expiry, `ttl`
+after their last write (every save and update sets it again, to the
+millisecond); a record holding a lease (a running background response) is
+written without one, so it cannot vanish while it runs, and gains it with
+the write that clears its lease.
+
 Nothing is lost only if Redis itself keeps what it acknowledged: with
 snapshots alone (its default) a restart loses every write since the last
 snapshot.  `durability_warning` tells at start-up when the append-only file
@@ -32,7 +38,7 @@ class RedisStore:
         self._redis = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, max_connections=threads)
         self._errors = redis.exceptions.RedisError
         self._conflict = redis.exceptions.WatchError
-        self._ttl = int(ttl) if ttl else None
+        self._ttl_ms = max(1, round(ttl * 1000)) if ttl else None
         self._prefix = prefix
         self._leases = f"{prefix}:leases"
         self._limiter = trio.CapacityLimiter(threads)
@@ -69,9 +75,10 @@ class RedisStore:
         pipe.execute()
 
     def _queue_write(self, pipe: Any, record: StoredResponse) -> None:
-        pipe.set(self._key("response", record.id), encode_record(record), ex=self._ttl)
+        expiry = self._ttl_ms if record.lease_until is None else None  # SET without PX also drops an old expiry
+        pipe.set(self._key("response", record.id), encode_record(record), px=expiry)
         for item_id in record.item_ids():
-            pipe.set(self._key("item", item_id), record.id, ex=self._ttl)
+            pipe.set(self._key("item", item_id), record.id, px=expiry)
         if record.lease_until is not None:
             pipe.zadd(self._leases, {record.id: record.lease_until})
         else:

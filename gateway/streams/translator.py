@@ -33,7 +33,19 @@ import orjson
 
 from ..errors import error_fields
 
-__all__ = ["Round", "ResponseTranslator", "RoundCall", "chunk_problem", "fail_recorded", "random_id", "sum_usage", "usage_from_chat"]
+__all__ = [
+    "TERMINAL_EVENTS",
+    "Round",
+    "ResponseTranslator",
+    "RoundCall",
+    "cancel_recorded",
+    "chunk_problem",
+    "ends_with_terminal",
+    "fail_recorded",
+    "random_id",
+    "sum_usage",
+    "usage_from_chat",
+]
 
 Event = dict[str, Any]
 
@@ -105,6 +117,34 @@ def fail_recorded(response: dict[str, Any], events: list[Event], code: str, mess
         {"type": "error", "sequence_number": seq, **_error_fields(code, message, "server_error", None)},
         {"type": "response.failed", "sequence_number": seq + 1, "response": dict(response)},
     ]
+
+
+def cancel_recorded(response: dict[str, Any], events: list[Event]) -> list[Event]:
+    """`error` (`response_cancelled`) + `response.failed` carrying the `cancelled` response, for a
+    background response stopped by a cancel.
+
+    Neither the spec nor OpenAI names an event for a cancelled stream; a
+    follower still needs one that ends it, with the response as `GET` then
+    returns it: `status: "cancelled"`, its output what the recorded events
+    finished.
+    """
+    done = [e for e in events if e.get("type") == "response.output_item.done"]
+    done.sort(key=lambda e: e.get("output_index", 0))
+    response.update(status="cancelled", output=[e["item"] for e in done], completed_at=None)
+    seq = events[-1]["sequence_number"] + 1 if events else 0
+    message = "The response was cancelled."
+    return [
+        {"type": "error", "sequence_number": seq, **_error_fields("response_cancelled", message, "invalid_request_error", None)},
+        {"type": "response.failed", "sequence_number": seq + 1, "response": dict(response)},
+    ]
+
+
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def ends_with_terminal(events: list[Event]) -> bool:
+    """Whether an event log ends as every stream must: with a terminal event."""
+    return bool(events) and events[-1].get("type") in TERMINAL_EVENTS
 
 
 def random_id(prefix: str) -> str:

@@ -8,6 +8,13 @@ that it was cancelled.  A job publishes its events to in-process followers
 about once a second while it runs (so other instances can follow and
 cancel it through the store), and when it ends.
 
+A record whose status is terminal always ends its event log with that
+end's terminal event: only the job's end (or a cancel, or a lost lease)
+writes a terminal status, together with its terminal events.  A progress
+save never does, however the turn's own state has moved on by the time it
+runs (its terminal event is held until the end is stored, and the save
+may run in between).
+
 A running job holds a lease in its record (`lease_until`), renewed with
 each progress save.  A process that dies (SIGKILL, a crash, a lost machine)
 cannot say so; its jobs' leases run out instead.  At start-up, and whenever
@@ -33,7 +40,7 @@ import trio
 from ..errors import InternalError, StoreUnavailable
 from ..store import ResponseStore, StoredResponse
 from ..store.base import OwnerView, save_retrying
-from ..streams.translator import fail_recorded
+from ..streams.translator import cancel_recorded, ends_with_terminal, fail_recorded
 from ..turn import Turn
 
 __all__ = ["LEASE_SECONDS", "BackgroundJob", "BackgroundRunner", "queued_snapshot"]
@@ -145,7 +152,7 @@ class BackgroundRunner:
         def cancel(record: StoredResponse) -> StoredResponse | None:
             if record.response.get("status") in TERMINAL:
                 return None
-            record.response["status"] = "cancelled"
+            record.events += cancel_recorded(record.response, record.events)
             record.lease_until = None
             return record
 
@@ -197,13 +204,17 @@ class BackgroundRunner:
                     nursery.cancel_scope.cancel()
         finally:
             if not turn.translator.done:
-                # Cancelled (by the client, another instance or shutdown): say so in the record.
-                turn.response["status"] = "cancelled"
+                # Cancelled (by the client, another instance or shutdown): say so, to the
+                # followers here and in the record.
+                ending = cancel_recorded(turn.response, job.events)
                 with trio.CancelScope(shield=True), trio.move_on_after(self._retry + 5):
                     try:
-                        await self._store_end(job, self._record(job, []))
+                        instead = await self._store_end(job, turn.record([*job.events, *ending], dict(turn.response)))
                     except StoreUnavailable:
                         log.warning("could not record that background response %s was cancelled", job.id)
+                    else:
+                        ending = ending if instead is None else instead
+                await job.publish(ending)
             job.record.response = job.snapshot()
             self._jobs.pop(job.id, None)
             job.finished.set()
@@ -217,6 +228,8 @@ class BackgroundRunner:
         already ended elsewhere (a cancel, a lost lease).
         """
         record.lease_until = None
+        if not ends_with_terminal(record.events):  # a bug, not a state to store
+            log.error("background response %s ended without a terminal event", job.id)
         taken: list[StoredResponse] = []
 
         def finish(stored: StoredResponse) -> StoredResponse | None:
@@ -237,24 +250,20 @@ class BackgroundRunner:
             return [e for e in taken[0].events if e.get("sequence_number", -1) > last]
         return None
 
-    def _record(self, job: BackgroundJob, extra: list[dict[str, Any]], *, lease: float | None = None) -> StoredResponse:
-        record = job.turn.record([*job.events, *extra], job.snapshot())
-        record.lease_until = lease
+    def _progress_record(self, job: BackgroundJob) -> StoredResponse:
+        """The running job as a progress save writes it: never with a terminal status (the turn
+        may have ended already, its terminal event held until `_store_end` stores it)."""
+        snapshot = job.snapshot()
+        if snapshot.get("status") in TERMINAL:
+            snapshot["status"] = "in_progress"
+        record = job.turn.record(list(job.events), snapshot)
+        record.lease_until = self._clock() + self._lease
         return record
 
     async def _save_progress(self, job: BackgroundJob) -> None:
         """Save now and then, renewing the lease; a cancel recorded elsewhere stops the job."""
         saved = -1
         renewed = trio.current_time()
-        stop = False
-
-        def progress(stored: StoredResponse) -> StoredResponse | None:
-            nonlocal stop
-            if stored.response.get("status") in TERMINAL:
-                stop = True
-                return None
-            return self._record(job, [], lease=self._clock() + self._lease)
-
         while True:
             await trio.sleep(_SAVE_EVERY)
             # Write when something changed, and often enough to keep the lease.
@@ -263,11 +272,26 @@ class BackgroundRunner:
                 stop = stored is not None and stored.response.get("status") in TERMINAL
             else:
                 count = len(job.events)
-                if await self._quietly(self._store.update(job.id, progress)) is not None:
+                stop, written = await self.save_progress(job)
+                if written:
                     saved, renewed = count, trio.current_time()
             if stop:
                 job.scope.cancel()
                 return
+
+    async def save_progress(self, job: BackgroundJob) -> tuple[bool, bool]:
+        """One progress save: (the response has ended elsewhere, the save was written)."""
+        ended = False
+
+        def progress(stored: StoredResponse) -> StoredResponse | None:
+            nonlocal ended
+            if stored.response.get("status") in TERMINAL:
+                ended = True
+                return None
+            return self._progress_record(job)
+
+        written = await self._quietly(self._store.update(job.id, progress)) is not None and not ended
+        return ended, written
 
     async def _quietly(self, call: Any) -> Any:
         try:

@@ -10,7 +10,10 @@ keep-alive is one `send_nowait` onto the stream's own channel.
 
 The same look finds a client that stopped reading: a write handed to the
 HTTP layer that has not returned for `stall_timeout` seconds means the
-client's buffers are full and it does not read.  That stream is closed
+client's buffers are full and it does not read.  (Under `gateway.serve` the
+server bounds each write's progress itself, and resets the connection, so
+the ticker leaves that to it: a whole write's time would also cut a slow
+reader that still reads.)  That stream is closed
 (its `beat` ends it), so a stuck client holds at most its channel's bound of
 queued events and never grows memory without limit.
 
@@ -31,7 +34,7 @@ __all__ = ["Beating", "Heartbeats", "Ticket"]
 
 
 class Beating(Protocol):
-    def beat(self, now: float, stall_timeout: float) -> float | None:
+    def beat(self, now: float, stall_timeout: float | None) -> float | None:
         """Send a keep-alive if due (or close a stalled stream); when to look again, None when over."""
         ...
 
@@ -54,7 +57,8 @@ class Ticket:
 
 
 class Heartbeats:
-    def __init__(self, interval: float, *, stall_timeout: float = 60.0) -> None:
+    def __init__(self, interval: float, *, stall_timeout: float | None = 60.0) -> None:
+        """`stall_timeout`: None when the server itself bounds writes that make no progress."""
         self.interval = interval
         self.stall_timeout = stall_timeout
         self._period = interval / 16

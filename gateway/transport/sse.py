@@ -177,12 +177,14 @@ class EventChannelBody(DeferredHeadBody):
         """What a quiet stream is sent: an SSE comment."""
         return _COMMENT
 
-    def beat(self, now: float, stall_timeout: float) -> float | None:
+    def beat(self, now: float, stall_timeout: float | None) -> float | None:
         """The ticker's look (see the class): when to look again, None once the body is over."""
         if self._over:
             return None
         handed = self._handed_at
         if handed is not None:
+            if stall_timeout is None:  # the server bounds the write's progress itself
+                return now + self._interval
             if now - handed >= stall_timeout:
                 self._stall()
                 return None
@@ -284,10 +286,12 @@ class ChatCompletionStream(EventChannelBody):
         on_close: Callable[[], Awaitable[None]] | None = None,
         drain: Drain | None = None,
         outcome: TurnOutcome | None = None,
+        admit_round: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
         """`on_close` runs once the body is done (to give back a stream slot, count tokens);
-        `outcome` is timed as chunks go out."""
+        `outcome` is timed as chunks go out; `admit_round` as for `run_rounds`."""
         super().__init__(heartbeats, telemetry)
+        self._admit_round = admit_round
         self._outcome = outcome
         self._on_close = on_close
         self._drain = drain or Drain()
@@ -327,6 +331,7 @@ class ChatCompletionStream(EventChannelBody):
                 call_timeout=self._call_timeout,
                 concurrency=self._concurrency,
                 telemetry=self._telemetry,
+                admit_round=self._admit_round,
             )
         if stop.cancelled_caught:
             await emit(self._session.fail("server_shutting_down", "The gateway shut down before the answer finished."))

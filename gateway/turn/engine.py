@@ -35,7 +35,7 @@ import trio
 from ..backends import ChatBackend
 from ..config import Settings
 from ..drain import Drain
-from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot
+from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot, token_reservation
 from ..observe import Telemetry
 from ..errors import (
     BackendStatusError,
@@ -90,9 +90,16 @@ class Resources:
     limiter: Limiter = field(default_factory=lambda: Limiter(None))
     drain: Drain = field(default_factory=Drain)
 
-    @property
-    def options(self) -> TranslateOptions:
-        return TranslateOptions(open_sealed=self.sealer.open)
+    def options_for(self, owner: str | None) -> TranslateOptions:
+        """How a request of `owner` reads what it carries: sealed content opens only for the key
+        it was sealed for (another key's reasoning or compaction is ignored, as a stranger's)."""
+        sealer = self.sealer
+
+        def open_sealed(kind: str, token: str) -> dict[str, Any] | None:
+            value = sealer.open(kind, token)
+            return value if value is not None and value.get("owner") == owner else None
+
+        return TranslateOptions(open_sealed=open_sealed)
 
 
 @dataclass
@@ -151,6 +158,7 @@ async def run_rounds(
     concurrency: int,
     on_answer: Callable[[GatewayError | None], None] | None = None,
     telemetry: Telemetry | None = None,
+    admit_round: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
 ) -> GatewayError | None:
     """Drive `session` through backend rounds and the gateway's tool calls until it is done.
 
@@ -158,10 +166,21 @@ async def run_rounds(
     the session (`error` + the failure) and is returned, for transports that
     answer with an HTTP error.  `on_answer` hears each round's backend
     answer (None) or failure before anything of it is emitted.
+    `admit_round` is asked before every round after the first (a tool
+    loop's next backend call) and may refuse it with a `GatewayError`,
+    which ends the session the same way.
     """
     telemetry = telemetry or _NO_TELEMETRY
     failure: GatewayError | None = None
+    first = True
     while not session.done:
+        if admit_round is not None and not first:
+            try:
+                await admit_round(session.request)
+            except GatewayError as error:
+                await emit(session.fail(error.code or "server_error", error.message, type=error.type, param=error.param))
+                return error
+        first = False
         with telemetry.span("backend round", round=getattr(session, "rounds", 0)):
             failure = await _run_round(session, backend, emit, on_answer, telemetry) or failure
         if session.calls:
@@ -311,7 +330,7 @@ async def prepare_turn(
         req,
         response_id=response_id,
         created_at=int(resources.clock()),
-        options=resources.options,
+        options=resources.options_for(caller.owner),
         history=prepared.history,
         items=prepared.input,
     )
@@ -325,16 +344,21 @@ async def prepare_turn(
         allowed_tools=plan.allowed_tools,
         input_tokens_estimate=lambda: len(orjson.dumps(plan.body["messages"])) // 4,
         tool_kinds=plan.tool_kinds,
-        seal_reasoning=(lambda text: resources.sealer.seal("reasoning", {"text": text}))
+        seal_reasoning=(lambda text: resources.sealer.seal("reasoning", {"text": text, "owner": caller.owner}))
         if "reasoning.encrypted_content" in (req.include or ())
         else None,
-        seal_approval=lambda item: resources.sealer.seal("approval", _approval_terms(item, caller.owner)),
+        seal_approval=lambda item: resources.sealer.seal("approval", _approval_terms(item, caller.owner, hosted)),
         required_action=settings.tool_call_protocol == "required_action",
-        seal_signed=lambda text, signature: resources.sealer.seal("reasoning", {"text": text, "signature": signature}),
+        seal_signed=lambda text, signature: resources.sealer.seal(
+            "reasoning", {"text": text, "signature": signature, "owner": caller.owner}
+        ),
     )
     model = str(plan.body["model"])
     outcome = TurnOutcome(response_id, model, transport, trio.current_time(), key=caller.name, request_id=request_id)
-    slot = await resources.limiter.admit_stream(caller, model, response_id)
+    tokens, max_tokens = token_reservation(plan.body, caller.limits)
+    if max_tokens is not None:
+        plan.body["max_tokens"] = max_tokens  # what it reserved bounds what it may use
+    slot = await resources.limiter.admit_stream(caller, model, response_id, tokens=tokens)
     return Turn(resources, req, prepared, plan, translator, hosted, gateway_tools, outcome, caller, slot)
 
 
@@ -464,6 +488,7 @@ class Turn:
                         concurrency=settings.mcp_call_concurrency,
                         on_answer=self._on_answer,
                         telemetry=self.resources.telemetry,
+                        admit_round=self._admit_round,
                     )
                     self._note_failure(failure)
             if stop.cancelled_caught and not session.done:
@@ -497,14 +522,20 @@ class Turn:
             instead = await persist(record)
             return terminal if instead is None else instead
         except Exception as exc:
-            log.warning("response %s could not be stored (%s)", self.outcome.response_id, type(exc).__name__)
+            cause = exc.cause if isinstance(exc, StoreUnavailable) and exc.cause else type(exc).__name__
+            log.warning("response %s could not be stored (%s)", self.outcome.response_id, cause)
             if not isinstance(exc, StoreUnavailable):
                 log.debug("store failure", exc_info=True)
-            error = StoreUnavailable(_NOT_STORED)
+            error = StoreUnavailable(_NOT_STORED, cause=cause)
             retraction = self.translator.retract_terminal(error.code or "store_unavailable", _NOT_STORED)
             if retraction:
                 self.failure = error
             return retraction or terminal
+
+    async def _admit_round(self, request: dict[str, Any]) -> None:
+        """A tool loop's next backend round reserves its tokens like a request of its own."""
+        tokens, _ = token_reservation(request, self.caller.limits)
+        await self.resources.limiter.reserve(self._slot, self.caller, tokens)
 
     def _on_answer(self, error: GatewayError | None) -> None:
         if self.answered.is_set():
@@ -592,22 +623,18 @@ class Turn:
         answers = [item for item in self.prepared.input if getattr(item, "type", None) == "mcp_approval_response"]
         if not answers:
             return
-        # Requests in the stored conversation are the gateway's own.  One the
-        # client replays in its input counts only if it carries the gateway's
-        # seal over exactly these terms, for this key: a client cannot approve
-        # a call it wrote itself.
-        asked = {
-            data.get("id"): data
-            for data in (item.model_dump() for item in self.prepared.history)
-            if data.get("type") == "mcp_approval_request"
-        }
+        # An approval request counts only if it carries the gateway's seal over
+        # exactly these terms: the call, the key it was asked of and the MCP
+        # server's URL now.  A client cannot approve a call it wrote itself, nor
+        # move an approved call to another server by changing `server_url`.
         sealer = self.resources.sealer
-        for data in (item.model_dump() for item in self.prepared.input):
+        asked: dict[Any, dict[str, Any]] = {}
+        for data in (item.model_dump() for item in (*self.prepared.history, *self.prepared.input)):
             if data.get("type") != "mcp_approval_request" or data.get("id") in asked:
                 continue
             token = data.get("encrypted_content")
             opened = sealer.open("approval", token) if isinstance(token, str) else None
-            if opened is not None and opened == {"kind": "approval", **_approval_terms(data, self.caller.owner)}:
+            if opened is not None and opened == {"kind": "approval", **_approval_terms(data, self.caller.owner, self._hosted)}:
                 asked[data.get("id")] = data
         settings = self.resources.settings
         for answer in answers:
@@ -636,14 +663,18 @@ class Turn:
             await emit(self.session.resume(call, output=outcome.output, error=outcome.error, approval_request_id=request_id))
 
 
-def _approval_terms(item: dict[str, Any], owner: str | None) -> dict[str, Any]:
-    """What an approval request's seal covers: the call, and the key it was issued to."""
+def _approval_terms(item: dict[str, Any], owner: str | None, hosted: Sequence[HostedSpec]) -> dict[str, Any]:
+    """What an approval request's seal covers: the call, the key it was issued to, and the URL of
+    the MCP server it runs on (None for a configured server)."""
+    label = item.get("server_label")
+    url = next((spec.server_url for spec in hosted if spec.server_label == label), None)
     return {
         "id": item.get("id"),
-        "server_label": item.get("server_label"),
+        "server_label": label,
         "name": item.get("name"),
         "arguments": item.get("arguments"),
         "owner": owner,
+        "server_url": url,
     }
 
 

@@ -1,0 +1,135 @@
+"""The tokens a relayed answer reports, read off its bytes as they pass.
+
+A body relayed as the backend sends it (the `/v1/{path}` passthrough, a
+chat completion relayed as bytes) is never decoded as a whole; this meter
+watches it go by and finds the `usage` it reports, so that the key's
+tokens are counted like everyone else's: in an event stream, the last
+`data:` event that carries one (Chat Completions with `include_usage`,
+completions, Anthropic's `message_start` and `message_delta`); in a JSON
+body, the top-level `usage` object, looked for in the body's tail (usage
+comes last in OpenAI's and Anthropic's answers, and embeddings can be
+megabytes long).  It also tells which chunks carried data, for the relay's
+`STREAM_TIMEOUT`: in an event stream, comments and keep-alives are not data.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+__all__ = ["UsageMeter", "usage_tokens"]
+
+_TAIL = 256 * 1024  # of a JSON body: where its usage is looked for
+_MAX_LINE = 1 << 20  # an event line longer than this is not looked into
+
+
+def usage_tokens(usage: Any) -> int | None:
+    """Total tokens of a usage object in OpenAI's or Anthropic's shape, or None."""
+    if not isinstance(usage, dict):
+        return None
+    total = usage.get("total_tokens")
+    if isinstance(total, int) and _count(total):
+        return total
+    parts = [usage.get(name) for name in ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens")]
+    counted = [part for part in parts if isinstance(part, int) and _count(part)]
+    return sum(counted) if counted else None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class UsageMeter:
+    """Feed it each relayed chunk (`feed`, which says whether the chunk carried data); `tokens`
+    once the body has ended."""
+
+    def __init__(self, *, events: bool) -> None:
+        self.events = events
+        self._line = bytearray()  # an event stream's unfinished line
+        self._tail = bytearray()  # a JSON body's last bytes
+        self._usage: dict[str, Any] = {}
+
+    def feed(self, data: bytes) -> bool:
+        """Watch one chunk go by; whether it carried data (any bytes, or in an event stream a
+        `data:` line)."""
+        if not self.events:
+            self._tail += data
+            if len(self._tail) > 2 * _TAIL:
+                del self._tail[:-_TAIL]
+            return bool(data)
+        buf = bytes(self._line) + data if self._line else data
+        cut = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1
+        whole, rest = buf[:cut], buf[cut:]
+        self._line = bytearray(rest) if len(rest) <= _MAX_LINE else bytearray()
+        carried = whole.startswith(b"data:") or b"\ndata:" in whole or b"\rdata:" in whole
+        if b'"usage"' in whole:
+            for line in whole.splitlines():
+                if line.startswith(b"data:") and b'"usage"' in line:
+                    self._take(line[5:].strip())
+        return carried
+
+    def _take(self, payload: bytes) -> None:
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(event, dict):
+            return
+        usage = event.get("usage")
+        if usage is None and isinstance(event.get("message"), dict):  # Anthropic's message_start
+            usage = event["message"].get("usage")
+        if isinstance(usage, dict):
+            # Anthropic reports input tokens at the start and output tokens at the end: keep both.
+            self._usage.update({k: v for k, v in usage.items() if _count(v)})
+            if "total_tokens" not in usage:
+                self._usage.pop("total_tokens", None)
+
+    @property
+    def tokens(self) -> int | None:
+        """The tokens the body reported, or None when it reported none (so far)."""
+        if self.events:
+            return usage_tokens(self._usage) if self._usage else None
+        return usage_tokens(_json_usage(bytes(self._tail)))
+
+
+def _json_usage(tail: bytes) -> Any:
+    """The last `"usage": {...}` object in `tail`, decoded, or None."""
+    at = tail.rfind(b'"usage"')
+    while at >= 0:
+        start = tail.find(b"{", at)
+        end = _object_end(tail, start) if start >= 0 else -1
+        if end > 0 and not tail[at + 7 : start].strip(b" \t\r\n:"):
+            try:
+                return orjson.loads(tail[start:end])
+            except orjson.JSONDecodeError:
+                pass
+        at = tail.rfind(b'"usage"', 0, at)
+    return None
+
+
+def _object_end(data: bytes, start: int) -> int:
+    """The index after the JSON object that opens at `start`, or -1."""
+    depth = 0
+    in_string = False
+    escaped = False
+    for index in range(start, len(data)):
+        byte = data[index]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte == 0x7B:
+            depth += 1
+        elif byte == 0x7D:
+            depth -= 1
+            if depth == 0:
+                return index + 1
+    return -1
