@@ -4,7 +4,7 @@
 nursery.  Every `READINESS_INTERVAL` seconds it asks the store for a record
 that does not exist (a round trip to Redis, a read of the SQLite file) and
 each backend for `GET /v1/models` (any HTTP answer counts: it is reachable);
-a check that takes longer than the interval counts as a failure.  `/ready`
+a check that takes longer than the interval (at most 10 s) counts as a failure.  `/ready`
 answers from what the last check found: 503 with the reasons while the
 store is unreachable, no backend is usable (unreachable, or its circuit
 open), or a drain has begun; each backend's state is named (never its URL:
@@ -32,6 +32,8 @@ __all__ = ["BackendHealth", "Readiness"]
 log = logging.getLogger("gateway.readiness")
 
 _PROBE_ID = "resp_readiness_probe"  # a record no one stores: the store's answer is the check
+_START_WAIT = 1.0  # how long start-up waits for the first check
+_PROBE_BOUND = 10.0  # a probe takes at most this (or the interval, if shorter), else it failed
 
 
 @dataclass
@@ -70,18 +72,27 @@ class Readiness:
         self.store_error: str | None = None
         self.backends = [BackendHealth(name, url) for name, url, _ in _backends(backend)]
         self.checked_at = -math.inf
+        self._bound = min(interval, _PROBE_BOUND)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Check now (at most an interval, so start-up is not held up), then every interval, until cancelled."""
-        with trio.move_on_after(self._interval):
-            await self.check()
-        task_status.started()
+        """Check now and every interval, until cancelled; started once the first check is done, or
+        after `_START_WAIT` (a backend that is itself starting must not hold up start-up: until the
+        first check ends, /ready says so)."""
+        first = trio.Event()
+        async with trio.open_nursery() as nursery:  # owned here: the checks
+            nursery.start_soon(self._check_forever, first)
+            with trio.move_on_after(_START_WAIT):
+                await first.wait()
+            task_status.started()
+
+    async def _check_forever(self, first: trio.Event) -> None:
         while True:
-            await trio.sleep_until(max(self.checked_at + self._interval, self._clock()))
             await self.check()
+            first.set()
+            await trio.sleep_until(max(self.checked_at + self._interval, self._clock()))
 
     async def check(self) -> None:
-        """One look at the store and every backend, at once, each bounded by the interval."""
+        """One look at the store and every backend, at once, each bounded (the interval, at most 10 s)."""
         async with trio.open_nursery() as nursery:  # owned here: one probe per dependency
             nursery.start_soon(self._check_store)
             for health, (_, _, probe) in zip(self.backends, _backends(self._backend)):
@@ -90,13 +101,13 @@ class Readiness:
 
     async def _check_store(self) -> None:
         error: str | None = None
-        with trio.move_on_after(self._interval) as waited:
+        with trio.move_on_after(self._bound) as waited:
             try:
                 await self._store.load(_PROBE_ID)
             except GatewayError as failure:
                 error = failure.cause or f"store ({self.store_location}): {failure.message}"
         if waited.cancelled_caught:
-            error = f"store ({self.store_location}): no answer within {self._interval:g} s"
+            error = f"store ({self.store_location}): no answer within {self._bound:g} s"
         ok = error is None
         if ok != self.store_ok:
             if ok:
@@ -109,13 +120,13 @@ class Readiness:
     async def _check_backend(self, health: BackendHealth, probe: Callable[[], Any] | None) -> None:
         error: str | None = None
         if probe is not None:
-            with trio.move_on_after(self._interval) as waited:
+            with trio.move_on_after(self._bound) as waited:
                 try:
                     await probe()
                 except GatewayError as failure:
                     error = failure.message
             if waited.cancelled_caught:
-                error = f"no answer within {self._interval:g} s"
+                error = f"no answer within {self._bound:g} s"
         reachable = error is None
         if reachable != health.reachable:
             if reachable:

@@ -85,3 +85,30 @@ async def test_a_backend_url_that_is_the_gateway_itself_is_refused_at_start_up(t
             err = done.stderr.decode()
             assert done.returncode == 2 and said in err and "Traceback" not in err, err
             assert "serving the Responses gateway" not in err
+
+
+async def test_two_gateway_processes_that_are_each_others_backend_answer_at_once_and_stay_up(tmp_path, backend):
+    import httpx2
+
+    from test_multi_instance_and_crash import STARTUP_SECONDS, start_gateways
+
+    first, second = free_port(), free_port()
+    envs = [
+        {"API_ADAPTER_PORT": str(port), "OPENAI_BASE_URL_INTERNAL": f"http://127.0.0.1:{other}/v1",
+         "LOG_FILE_PATH": "", "STORE_BACKEND": "memory", "READINESS_INTERVAL": "60"}
+        for port, other in ((first, second), (second, first))
+    ]
+    with trio.fail_after(STARTUP_SECONDS * 2 + 20):
+        async with trio.open_nursery() as nursery:
+            a, b = await start_gateways(nursery, tmp_path, *envs)
+            async with httpx2.AsyncClient(timeout=10) as http:
+                with trio.fail_after(10):  # one round trip through each, not thousands of nested streams
+                    r = await http.post(a.url + "/v1/responses", json={"model": "text", "input": "hi"})
+                    relayed = await http.post(a.url + "/v1/completions", json={"model": "text", "prompt": "hi"})
+                assert r.status_code == 502 and "HTTP 508" in r.json()["error"]["message"]
+                assert relayed.status_code == 508 and relayed.json()["error"]["code"] == "loop_detected"
+                for process in (a, b):
+                    assert (await http.get(process.url + "/health")).status_code == 200
+            assert b"came back" in a.stderr + b.stderr
+            nursery.cancel_scope.cancel()
+    assert backend.requests == []

@@ -138,3 +138,14 @@ async def test_start_up_and_the_keys_cli_name_redis_and_its_url_when_it_is_down(
         code, _, err = await keys_cli({**env, "LOG_FILE_PATH": ""}, "list", cwd=tmp_path)
     assert code == 2 and f"key store (Redis at {redis_url})" in err and "ConnectionError" in err
     assert "Traceback" not in err
+
+
+def test_the_store_and_key_store_are_named_without_their_password():
+    from gateway.keys.stores import RedisKeys
+    from gateway.store import store_location
+
+    url = "redis://:hunter2-secret@redis.internal:6379/0"
+    settings = make_settings("http://127.0.0.1:9", store_backend="redis", redis_url=url)
+    assert store_location(settings) == "Redis at redis://[redacted]@redis.internal:6379/0"
+    assert RedisKeys(url).location == "Redis at redis://[redacted]@redis.internal:6379/0"
+    assert "hunter2" not in store_location(settings)
