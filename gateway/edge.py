@@ -185,7 +185,8 @@ class Edge:
             _log_failure(scope, exc)
             if not started:
                 try:
-                    await respond_error(send, InternalError("The gateway failed to process the request."), close=False)
+                    failed = InternalError("The gateway failed to process the request.", cause=type(exc).__name__)
+                    await respond_error(send, failed, close=False, where=_where(scope))
                 except Exception:  # the server itself refused: the connection is already lost
                     pass
             # After the status line nothing more can be said: the connection is ended unfinished.

@@ -337,6 +337,10 @@ class PassthroughBody(DeferredHeadBody):
     async def head(self) -> tuple[int, dict[str, str]]:
         if self._upstream is None:
             return self._status, {"content-type": "application/json"}
+        if self._upstream.status >= 500:  # the backend's own answer, passed on: the log says whose
+            log.warning(
+                "relayed /v1/%s: %s answered %d", self._path, getattr(self._upstream, "backend", "the backend"), self._upstream.status
+            )
         return self._upstream.status, self._upstream.headers
 
     def __aiter__(self) -> PassthroughBody:

@@ -20,9 +20,8 @@ import trio.testing
 
 import gateway
 from conftest import SequentialIds, make_settings, parse_sse
-from gateway.store import MemoryStore, SQLiteStore
 from gateway.streams.translator import ends_with_terminal
-from test_store_contract import REDIS, start_redis
+from test_store_contract import store  # noqa: F401  (the fixture: every store, real)
 
 
 class RacingStore:
@@ -46,22 +45,6 @@ class RacingStore:
         return await self.inner.update(response_id, change)
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-async def real_store(request, tmp_path, nursery):
-    if request.param == "memory":
-        store: Any = MemoryStore(max_entries=100)
-    elif request.param == "sqlite":
-        store = SQLiteStore(str(tmp_path / "store.sqlite3"))
-    else:
-        if REDIS is None:
-            pytest.skip("redis-server is not installed (.ci/run installs it)")
-        from gateway.store.redis import RedisStore
-
-        store = RedisStore(await start_redis(nursery, tmp_path))
-    yield store
-    await store.aclose()
-
-
 async def start(nursery: trio.Nursery, backend: Any, store: Any) -> tuple[str, RacingStore]:
     settings = make_settings(backend.url)
     racing = RacingStore(store, None)
@@ -71,9 +54,9 @@ async def start(nursery: trio.Nursery, backend: Any, store: Any) -> tuple[str, R
 
 
 async def test_a_progress_save_between_a_turns_end_and_its_stored_end_loses_no_terminal_event(
-    nursery, backend, client, real_store
+    nursery, backend, client, store
 ):
-    url, racing = await start(nursery, backend, real_store)
+    url, racing = await start(nursery, backend, store)
     ids = []
     for stream in (False, True):
         r = await client.post(url + "/v1/responses", json={"model": "text", "input": "hi", "background": True, "stream": stream})
@@ -84,15 +67,15 @@ async def test_a_progress_save_between_a_turns_end_and_its_stored_end_loses_no_t
                 await trio.sleep(0.01)  # polling is what a background client does
     assert sorted(racing.raced) == sorted(ids)  # the race happened, for each of them
     for response_id in ids:
-        record = await real_store.load(response_id)
+        record = await store.load(response_id)
         assert record.response["status"] == "completed" and ends_with_terminal(record.events)
         assert record.events[-1]["type"] == "response.completed"
         replay = parse_sse((await client.get(f"{url}/v1/responses/{response_id}", params={"stream": "true"})).content)
         assert replay[-2]["type"] == "response.completed" and replay[-1] == "[DONE]"
 
 
-async def test_a_cancelled_background_response_ends_its_log_and_its_followers_streams(nursery, backend, client, real_store):
-    url, _ = await start(nursery, backend, real_store)
+async def test_a_cancelled_background_response_ends_its_log_and_its_followers_streams(nursery, backend, client, store):
+    url, _ = await start(nursery, backend, store)
     made = (await client.post(url + "/v1/responses", json={"model": "hang", "input": "hi", "background": True})).json()
     with trio.fail_after(5):
         await backend.stream_started.wait()
@@ -110,13 +93,13 @@ async def test_a_cancelled_background_response_ends_its_log_and_its_followers_st
     assert cancelled.json()["status"] == "cancelled"
     assert [f["type"] for f in followed[-3:-1]] == ["error", "response.failed"] and followed[-1] == "[DONE]"
     assert followed[-3]["code"] == "response_cancelled" and followed[-2]["response"]["status"] == "cancelled"
-    record = await real_store.load(made["id"])
+    record = await store.load(made["id"])
     assert record.response["status"] == "cancelled" and ends_with_terminal(record.events)
     replay = parse_sse((await client.get(f"{url}/v1/responses/{made['id']}", params={"stream": "true"})).content)
     assert replay[-2]["type"] == "response.failed" and replay[-2]["response"]["status"] == "cancelled"
 
 
-async def test_a_cancel_recorded_for_another_instance_ends_the_log_at_once(nursery, backend, client, real_store):
+async def test_a_cancel_recorded_for_another_instance_ends_the_log_at_once(nursery, backend, client, store):
     from gateway.store.base import StoredResponse
     from gateway.transport.background import BackgroundRunner
 
@@ -126,8 +109,8 @@ async def test_a_cancel_recorded_for_another_instance_ends_the_log_at_once(nurse
         events=[{"type": "response.created", "sequence_number": 0, "response": {"id": "resp_elsewhere", "status": "queued"}}],
         lease_until=4_000_000_000.0,
     )
-    await real_store.save(running)
-    record = await BackgroundRunner(real_store).cancel_stored("resp_elsewhere")
+    await store.save(running)
+    record = await BackgroundRunner(store).cancel_stored("resp_elsewhere")
     assert record is not None and record.response["status"] == "cancelled"
     assert [e["type"] for e in record.events] == ["response.created", "error", "response.failed"]
-    assert ends_with_terminal((await real_store.load("resp_elsewhere")).events)
+    assert ends_with_terminal((await store.load("resp_elsewhere")).events)

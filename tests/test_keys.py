@@ -26,7 +26,7 @@ from conftest import SequentialIds, make_settings, parse_sse
 from gateway.keys import ApiKey, KeyLimits, digest
 from gateway.keys.stores import MemoryKeys, RedisKeys
 from test_multi_instance_and_crash import STARTUP_SECONDS, start_gateways
-from test_store_contract import REDIS, start_redis, start_redis_process
+from test_store_contract import REDIS, run_stoppable_redis, start_redis
 from test_tool_loop import LocalTools
 
 ALICE, BOB, CAROL = "sk-test-alice-0123456789", "sk-test-bob-0123456789", "sk-test-carol-0123456789"
@@ -530,11 +530,7 @@ async def test_two_gateway_processes_on_one_redis_share_keys_limits_and_usage(tm
 
 @pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
 async def test_redis_down_is_a_clear_503_and_the_gateway_recovers_when_it_is_back(tmp_path, nursery, start_gateway, client, caplog):
-    async def run_redis(port: int, *, task_status: trio.TaskStatus[tuple[str, trio.Process, trio.CancelScope]]) -> None:
-        with trio.CancelScope() as scope:
-            async with trio.open_nursery() as inner:
-                url, process = await start_redis_process(inner, tmp_path / "redis", port=port)
-                task_status.started((url, process, scope))
+    run_redis = functools.partial(run_stoppable_redis, tmp_path / "redis")
 
     redis_url, process, scope = await nursery.start(run_redis, 0)
     keys = RedisKeys(redis_url)

@@ -20,7 +20,7 @@ import gateway
 from conftest import SequentialIds, make_settings
 from test_keys import keys_cli
 from test_multi_instance_and_crash import STARTUP_SECONDS
-from test_store_contract import REDIS, start_redis_process
+from test_store_contract import REDIS, run_stoppable_redis
 
 FAST = 0.2  # READINESS_INTERVAL for these tests
 
@@ -42,11 +42,7 @@ async def until_ready(client: Any, url: str, ready: bool) -> dict[str, Any]:
 
 @pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
 async def test_ready_is_503_while_the_store_is_unreachable_and_each_503_names_it(tmp_path, nursery, start_gateway, client, caplog):
-    async def run_redis(port: int, *, task_status: trio.TaskStatus[tuple[str, trio.Process, trio.CancelScope]]) -> None:
-        with trio.CancelScope() as scope:
-            async with trio.open_nursery() as inner:
-                url, process = await start_redis_process(inner, tmp_path / "redis", port=port)
-                task_status.started((url, process, scope))
+    run_redis = functools.partial(run_stoppable_redis, tmp_path / "redis")
 
     redis_url, process, scope = await nursery.start(run_redis, 0)
     url = await start_gateway(store_backend="redis", redis_url=redis_url, readiness_interval=FAST, store_retry_seconds=0.1)
@@ -149,3 +145,10 @@ def test_the_store_and_key_store_are_named_without_their_password():
     assert store_location(settings) == "Redis at redis://[redacted]@redis.internal:6379/0"
     assert RedisKeys(url).location == "Redis at redis://[redacted]@redis.internal:6379/0"
     assert "hunter2" not in store_location(settings)
+
+
+async def test_a_backend_5xx_relayed_as_it_came_is_logged_with_the_backend_it_came_from(start_gateway, client, backend, caplog):
+    url = await start_gateway()
+    r = await client.post(url + "/v1/chat/completions", json={"model": "http-500", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 500  # the backend's own answer, passed on
+    assert f"relayed /v1/chat/completions: backend 'default' at {backend.url}/v1 answered 500" in caplog.text

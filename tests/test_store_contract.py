@@ -39,6 +39,16 @@ async def start_redis(nursery: trio.Nursery, tmp_path: Any, *, appendonly: bool 
     return url
 
 
+async def run_stoppable_redis(
+    directory: Any, port: int, *, task_status: trio.TaskStatus[tuple[str, trio.Process, trio.CancelScope]]
+) -> None:
+    """A redis-server the test can stop (cancel the scope it reports) and start again on the same port."""
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as inner:
+            url, process = await start_redis_process(inner, directory, port=port)
+            task_status.started((url, process, scope))
+
+
 async def start_redis_process(
     nursery: trio.Nursery, directory: Any, *, appendonly: bool = False, port: int = 0
 ) -> tuple[str, trio.Process]:

@@ -238,8 +238,10 @@ class PassthroughResponse:
         BackendUnavailable: the connection was lost mid-body.
     """
 
-    def __init__(self, response: httpx2.Response, redactor: Redactor) -> None:
+    def __init__(self, response: httpx2.Response, redactor: Redactor, *, backend: str = "the backend") -> None:
+        """`backend`: which one answered (its name and URL), for the log."""
         self.status = response.status_code
+        self.backend = backend
         self.headers = {
             name: redactor.redact(value)
             for name, value in response.headers.items()
@@ -411,7 +413,7 @@ class OpenAICompatibleBackend:
         with naming_errors(self.name, self.url), map_backend_errors():
             response = await self._client.send(request, stream=True)
         try:
-            yield PassthroughResponse(response, self._redactor)
+            yield PassthroughResponse(response, self._redactor, backend=f"backend {self.name!r} at {self.url}")
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await response.aclose()
