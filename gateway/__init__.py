@@ -5,11 +5,14 @@ Embedding in a trio program:
     settings = gateway.Settings(openai_base_url_internal="http://127.0.0.1:8000")
     async with trio.open_nursery() as nursery:
         url = await nursery.start(gateway.serve, settings)
+
+`gateway.__version__` is the installed package's version.
 """
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    __version__: str
     from .app import create_app
     from .config import ConfigError, Settings, load_settings
     from .errors import GatewayError
@@ -33,7 +36,23 @@ _LAZY = {
 }
 
 
+# The version when the package is not installed (run from a source tree).
+_UNKNOWN_VERSION = "0+unknown"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trio-responses-gateway")
+    except PackageNotFoundError:
+        return _UNKNOWN_VERSION
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # read from the installed package's metadata on first use
+        globals()[name] = value = _version()
+        return value
     if name not in _LAZY:
         raise AttributeError(f"module 'gateway' has no attribute {name!r}")
     import importlib

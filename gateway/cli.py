@@ -3,6 +3,13 @@
 `serve` runs the gateway.  The lab commands (`simulate-backend`, `loadtest`,
 `bench`) live in `gateway.lab` and parse their own arguments; they are
 imported only when used, so serving never pays for them.
+
+This is where a failure to start becomes what the operator reads: one line
+on stderr and exit 2, never a traceback, before anything claims to serve.
+An invalid option or setting names it (`gateway serve: argument --port: ...`,
+`gateway: invalid configuration: API_ADAPTER_PORT: ...`); anything else that
+stops start-up (an address that cannot be listened on, the log file, the
+store, the MCP servers file) is `gateway: cannot start: <reason>`.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import NoReturn
 
 from .config import ConfigError, environment_warnings, load_settings
 
@@ -26,17 +34,47 @@ _LAB_COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line (the usage itself is one `--help` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535 (0: any free port), not {port}")
+    return port
+
+
+def _workers(text: str) -> int:
+    try:
+        workers = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if workers < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {workers}")
+    return workers
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from . import __version__
+
+    parser = _Parser(
         prog="gateway",
         description="Serve the OpenAI Responses API on top of any Chat Completions backend.",
         epilog="Configuration comes from environment variables (and a .env file); see README.md.",
     )
+    parser.add_argument("--version", action="version", version=f"gateway {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the gateway (hypercorn, trio worker)")
     serve.add_argument("--host", help="bind address (default: API_ADAPTER_HOST)")
-    serve.add_argument("--port", type=int, help="bind port (default: API_ADAPTER_PORT)")
-    serve.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
+    serve.add_argument("--port", type=_port, help="bind port, 0-65535 (default: API_ADAPTER_PORT)")
+    serve.add_argument("--workers", type=_workers, default=1, help="worker processes, at least 1 (default: 1)")
     for name, (_module, summary) in _LAB_COMMANDS.items():
         commands.add_parser(name, help=summary, add_help=False)
     return parser
@@ -45,9 +83,15 @@ def _parser() -> argparse.ArgumentParser:
 def _run_lab(name: str, argv: list[str]) -> int:
     module_name, summary = _LAB_COMMANDS[name]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"gateway {name}", description=summary)
+    parser = _Parser(prog=f"gateway {name}", description=summary)
     module.add_arguments(parser)
     return int(module.main(parser.parse_args(argv)))
+
+
+def _cannot_start(reason: object) -> int:
+    # One line even if a library's message spans several (a pydantic error's does).
+    print(f"gateway: cannot start: {' '.join(str(reason).split())}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,11 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     from .logs import configure_logging
     from .server import StartupError, run
 
-    configure_logging(settings)
+    try:
+        configure_logging(settings)
+    except ConfigError as error:
+        return _cannot_start(error)
     for warning in environment_warnings():
         logging.getLogger("gateway").warning("%s", warning)
     try:
         return run(settings, host=args.host, port=args.port, workers=args.workers)
     except StartupError as error:
-        print(f"gateway: {error}", file=sys.stderr)
-        return 2
+        return _cannot_start(error)

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["ConfigError", "Settings", "environment_warnings", "load_settings", "misspelt_settings"]
+__all__ = [
+    "ConfigError",
+    "Settings",
+    "check_key_name",
+    "environment_warnings",
+    "load_settings",
+    "misspelt_settings",
+    "static_key_entries",
+]
 
 
 class ConfigError(Exception):
@@ -211,9 +220,7 @@ class Settings(BaseSettings):
     @field_validator("gateway_api_keys")
     @classmethod
     def _static_keys(cls, value: str) -> str:
-        from .keys import parse_static_keys
-
-        parse_static_keys(value)  # raises ValueError naming the problem (never the keys)
+        static_key_entries(value)  # raises ValueError naming the problem (never the keys)
         return value
 
     @field_validator("store_backend", mode="before")
@@ -250,6 +257,39 @@ class Settings(BaseSettings):
     def backend_v1(self) -> str:
         """The backend's `/v1` root, never doubled."""
         return self.openai_base_url_internal + "/v1"
+
+
+KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # what an API key's name may be
+
+
+def check_key_name(name: str) -> str:
+    """A key's name as given, if it is one (1-64 letters, digits, `.`, `_`, `-`, not starting with
+    punctuation): names appear in logs, metrics labels and CLI output.
+
+    Raises:
+        ValueError: the name is empty, too long, or has other characters.
+    """
+    if not KEY_NAME.fullmatch(name):
+        raise ValueError(
+            f"{name!r} is not a valid key name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return name
+
+
+def static_key_entries(text: str) -> list[tuple[str, str]]:
+    """`GATEWAY_API_KEYS` (`name=key,name2=key2`) as (name, key) pairs.
+
+    Raises:
+        ValueError: an entry is not `name=key`, a name is not a key name, or a key is shorter
+            than 8 characters (the message never quotes a key).
+    """
+    entries = []
+    for entry in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, secret = entry.partition("=")
+        if not sep or not name.strip() or len(secret.strip()) < 8:
+            raise ValueError("entries must be name=key, the key at least 8 characters")
+        entries.append((check_key_name(name.strip()), secret.strip()))
+    return entries
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -7,6 +7,10 @@ framework leave open:
   (400, connection closed): proxies and servers that disagree on which one
   frames the body are how requests get smuggled;
 - control characters in the decoded path are refused (400 `invalid_path`);
+- a request that came back through this gateway is refused (508, see
+  `gateway.loops`), and the gateways a request passed go with its backend calls;
+- the caller is identified (API keys) and counted (requests per minute)
+  before any route runs; the key's rate-limit headers go with the answer;
 - concurrent WebSockets are capped (`WEBSOCKET_MAX_CONNECTIONS`): over the
   cap the handshake is answered 429;
 - nothing the app raises reaches the server: before the response started
@@ -19,13 +23,13 @@ framework leave open:
   cancels the request's nursery as soon as the server says the stream is
   over, which would leave such connections open for ever.
 
-It knows the ASGI message shapes and the error envelope, nothing of routes.
+Refusals are answered by `gateway.render`.  It knows the ASGI message
+shapes, nothing of routes.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import re
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -34,10 +38,12 @@ from typing import Any
 import trio
 
 from . import loops
-from .errors import GatewayError, InternalError, InvalidRequest, LoopDetected, RateLimited, ShuttingDown, error_json, report
+from .errors import GatewayError, InternalError, InvalidRequest, LoopDetected, ShuttingDown
+from .intake import discard_body
+from .render import deny_websocket, send_error
 from .observe import Telemetry, route_of
 
-__all__ = ["Edge", "TooManyWebSockets", "is_failure", "respond_error"]
+__all__ = ["Edge", "TooManyWebSockets", "is_failure"]
 
 log = logging.getLogger("gateway.edge")
 
@@ -139,22 +145,22 @@ class Edge:
         if allowed_origin is not None:
             send = _with_headers(send, self._cors.headers(allowed_origin))
             if _is_preflight(scope):
-                await _drain(receive)
+                await discard_body(receive)
                 await _preflight(send, scope)
                 return
         refusal = _refusal(scope)
         if refusal is not None:
             # The body is read first: answering while the server is still
             # parsing the request races its own handling of what follows.
-            await _drain(receive)
-            await respond_error(send, refusal, close=True, where=_where(scope))
+            await discard_body(receive)
+            await send_error(send, refusal, close=True, where=_where(scope))
             return
         path = scope.get("path", "")
         if path not in self._open_paths:
             refusal = await self._admit(scope)
             if refusal is not None:
-                await _drain(receive)
-                await respond_error(send, refusal, close=isinstance(refusal, ShuttingDown), where=_where(scope))
+                await discard_body(receive)
+                await send_error(send, refusal, close=isinstance(refusal, ShuttingDown), where=_where(scope))
                 return
         started = False
 
@@ -186,7 +192,7 @@ class Edge:
             if not started:
                 try:
                     failed = InternalError("The gateway failed to process the request.", cause=type(exc).__name__)
-                    await respond_error(send, failed, close=False, where=_where(scope))
+                    await send_error(send, failed, close=False, where=_where(scope))
                 except Exception:  # the server itself refused: the connection is already lost
                     pass
             # After the status line nothing more can be said: the connection is ended unfinished.
@@ -194,7 +200,7 @@ class Edge:
     async def _admit(self, scope: Scope) -> GatewayError | None:
         """Why a request may not go on (shutting down, no valid key, over its rate), or None."""
         if self._draining():
-            return ShuttingDown("The gateway is shutting down; send the request again (to another instance).")
+            return ShuttingDown.refusal()
         if self._authenticate is None:
             return None
         try:
@@ -211,7 +217,7 @@ class Edge:
             )
         if refusal is not None:
             if (await receive())["type"] == "websocket.connect":
-                await _deny(scope, send, refusal)
+                await deny_websocket(scope, send, refusal, _where(scope))
             return
         _request_id(scope)
         self.websockets += 1
@@ -234,7 +240,7 @@ class Edge:
                 if accepted:
                     await send({"type": "websocket.close", "code": 1011})
                 else:  # the app has taken the handshake's connect message: answer it
-                    await _deny(scope, send, InternalError("The gateway failed to open the connection."))
+                    await deny_websocket(scope, send, InternalError("The gateway failed to open the connection."), _where(scope))
             except Exception:  # the server itself refused: the connection is already lost
                 pass
         finally:
@@ -328,47 +334,6 @@ def _refusal(scope: Scope) -> GatewayError | None:
                 "A request may not carry both Content-Length and Transfer-Encoding.", code="invalid_request"
             )
     return None
-
-
-async def _drain(receive: Receive, limit: int = 1 << 20) -> None:
-    """Read (and drop) a refused request's body, at most `limit` bytes."""
-    seen = 0
-    with trio.move_on_after(_CLOSE_GRACE):
-        while seen <= limit:
-            message = await receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                return
-            seen += len(message.get("body", b""))
-
-
-async def respond_error(send: Send, error: GatewayError, *, close: bool = False, where: str = "") -> None:
-    """An error as a whole JSON response in OpenAI's shape (`close`: end the connection after it);
-    a 5xx is logged with its cause (`where`: the request it answers)."""
-    report(error, where)
-    body = error_json(error)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if isinstance(error, RateLimited):
-        headers.append((b"retry-after", str(max(1, math.ceil(error.retry_after))).encode()))
-    if close:
-        headers.append((b"connection", b"close"))  # h11 then closes once the response is sent
-    with trio.CancelScope(shield=True):  # shielded as in `Edge._http`, for the same reasons
-        await send({"type": "http.response.start", "status": error.status, "headers": headers})
-        with trio.move_on_after(_CLOSE_GRACE):
-            await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _deny(scope: Scope, send: Send, error: GatewayError) -> None:
-    """Refuse a WebSocket handshake with an HTTP error response (or a close where the server cannot)."""
-    report(error, _where(scope))
-    if "websocket.http.response" in (scope.get("extensions") or {}):
-        body = error_json(error)
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        if isinstance(error, RateLimited):
-            headers.append((b"retry-after", str(max(1, math.ceil(error.retry_after))).encode()))
-        await send({"type": "websocket.http.response.start", "status": error.status, "headers": headers})
-        await send({"type": "websocket.http.response.body", "body": body})
-    else:
-        await send({"type": "websocket.close", "code": 1013})
 
 
 def is_failure(exc: BaseException) -> bool:

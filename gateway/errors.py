@@ -123,6 +123,16 @@ class ShuttingDown(GatewayError):
     type = "server_error"
     code = "server_shutting_down"
 
+    @classmethod
+    def refusal(cls) -> ShuttingDown:
+        """A request that arrives while the gateway drains."""
+        return cls("The gateway is shutting down; send the request again (to another instance).")
+
+    @classmethod
+    def stopped(cls) -> ShuttingDown:
+        """Work the drain stopped when its grace ran out."""
+        return cls("The gateway shut down before the answer finished; send the request again.")
+
 
 class LoopDetected(GatewayError):
     """A request that came back through the gateway that sent it (a backend URL that leads to itself)."""

@@ -29,7 +29,10 @@ an exception gets only ` (ExceptionType)` appended.
 
 The log file (LOG_FILE_PATH) carries response ids, key names and error
 details: it and its rotated copies are readable by their owner only (0600,
-an existing file tightened too), in a directory created 0700.
+an existing file tightened too), in a directory created 0700.  A log file
+that cannot be opened (its directory cannot be created, it is a directory,
+it is not writable) is a `ConfigError` naming LOG_FILE_PATH and the path,
+raised before the logging in place is touched.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from typing import Any
 
 import orjson
 
-from .config import Settings
+from .config import ConfigError, Settings
 from .redact import Redactor
 
 __all__ = ["JsonFormatter", "SafeFormatter", "add_log_secrets", "configure_logging", "escape_control", "set_log_redactor"]
@@ -165,6 +168,30 @@ def _tighten(path: str) -> None:
         pass
 
 
+def _open_log_file(path: str) -> _PrivateFileHandler:
+    """The handler for the log file at `path`, its directory made if need be.
+
+    Raises:
+        ConfigError: naming LOG_FILE_PATH, the path and the cause.
+    """
+    directory = os.path.dirname(path)
+    try:
+        if directory:
+            os.makedirs(directory, mode=0o700, exist_ok=True)  # an existing directory is the operator's
+    except OSError as error:
+        raise ConfigError(
+            f"LOG_FILE_PATH: cannot create the directory of the log file {path!r}: {_cause(error)}"
+        ) from None
+    try:
+        return _PrivateFileHandler(path)
+    except OSError as error:
+        raise ConfigError(f"LOG_FILE_PATH: cannot open the log file {path!r}: {_cause(error)}") from None
+
+
+def _cause(error: OSError) -> str:
+    return error.strerror or type(error).__name__
+
+
 def configure_logging(settings: Settings, *, redactor: Redactor | None = None) -> Redactor:
     """Route every logger through the gateway's handlers; returns the redactor in use.
 
@@ -173,7 +200,14 @@ def configure_logging(settings: Settings, *, redactor: Redactor | None = None) -
     `logging.lastResort` never prints a library's error.  `redactor`
     defaults to `Redactor.from_settings(settings)`.  Idempotent: calling it
     again replaces (and closes) the handlers it installed before.
+
+    Raises:
+        ConfigError: the log file cannot be opened (naming LOG_FILE_PATH and
+            the path); the logging in place is left as it was.
     """
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if settings.log_file_path:
+        handlers.append(_open_log_file(settings.log_file_path))
     redactor = Redactor.from_settings(settings) if redactor is None else redactor
     level = logging.getLevelName(settings.log_level)
     debug = level == logging.DEBUG
@@ -191,12 +225,6 @@ def configure_logging(settings: Settings, *, redactor: Redactor | None = None) -
     for handler in old:
         handler.close()
 
-    handlers: list[logging.Handler] = [logging.StreamHandler()]
-    if settings.log_file_path:
-        directory = os.path.dirname(settings.log_file_path)
-        if directory:
-            os.makedirs(directory, mode=0o700, exist_ok=True)  # an existing directory is the operator's
-        handlers.append(_PrivateFileHandler(settings.log_file_path))
     formatter = (JsonFormatter if settings.log_format == "json" else SafeFormatter)(redactor, tracebacks=debug)
     for handler in handlers:
         handler.setFormatter(formatter)

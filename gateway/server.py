@@ -28,9 +28,12 @@ gateway uses) for what hypercorn has no setting for:
   `min(SHUTDOWN_GRACE, 5 s)`, so that kept-alive clients (a load balancer's)
   learn of the drain from a 503 rather than a reset, unless they close first;
   then the app's shutdown runs and the process exits 0;
-- a gateway that cannot start (its store cannot be opened, a backend URL
-  that is its own address) says why in one line instead of a traceback, and
-  never claims to be serving.
+- a gateway that cannot start (its address cannot be listened on, its store
+  cannot be opened, a backend URL that is its own address) raises
+  `StartupError` saying why in one line, and never claims to be serving;
+  with `--workers N` a worker that cannot start hands its reason to the
+  parent, which stops the others and raises it once.  The CLI prints it as
+  `gateway: cannot start: <reason>` and exits 2.
 
 hypercorn's `run` cannot be reused for `--workers N`: its workers construct
 hypercorn's own `TCPServer`, so these rules would be lost there.
@@ -40,6 +43,7 @@ What the app sees of HTTP (the edge rules) lives in `gateway.edge`, not here.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import gc
 import logging
@@ -48,7 +52,7 @@ import signal
 import socket
 import struct
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnContext
@@ -88,7 +92,7 @@ _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset and
 
 
 class StartupError(Exception):
-    """The gateway could not start; the message says why (no traceback needed)."""
+    """The gateway could not start; the message is the reason, in one line (no traceback needed)."""
 
 
 def hypercorn_config(settings: Settings, *, host: str | None = None, port: int | None = None) -> Config:
@@ -123,20 +127,76 @@ async def serve(
     tune the garbage collector once started; an embedding program's is left alone.
 
     Raises:
-        StartupError: the app could not start (its store, say).
+        StartupError: the address cannot be listened on, or the app could
+            not start (its store, say).
     """
-    app = app if app is not None else create_app(settings)
     config = hypercorn_config(settings, host=host, port=port)
-    sockets = config.create_sockets()
+    # The address first: a gateway that cannot listen says only that, before
+    # the app is built (and logs its own warnings).
+    sockets = await trio.to_thread.run_sync(_open_sockets, settings, config)  # it may resolve host names
     try:
-        await trio.to_thread.run_sync(_refuse_self_reference, settings, sockets)  # it may resolve host names
-    except StartupError:
-        for sock in sockets.insecure_sockets:
-            sock.close()
+        app = app if app is not None else create_app(settings)
+    except ConfigError as error:
+        _close(sockets)
+        raise StartupError(str(error)) from None
+    except BaseException:
+        _close(sockets)
         raise
-    for sock in sockets.insecure_sockets:
-        sock.listen(config.backlog)
     await _serve_sockets(app, config, sockets, settings, shutdown_trigger, own_process=own_process, task_status=task_status)
+
+
+def _open_sockets(settings: Settings, config: Config) -> Sockets:
+    """The listening sockets for `config.bind`, unless the gateway must not or cannot serve there.
+
+    Raises:
+        StartupError: the address cannot be listened on, or it is a backend's.
+    """
+    with _listen_errors(config):
+        sockets = config.create_sockets()
+    try:
+        _refuse_self_reference(settings, sockets)
+        with _listen_errors(config):
+            for sock in sockets.insecure_sockets:
+                sock.listen(config.backlog)
+    except StartupError:
+        _close(sockets)
+        raise
+    return sockets
+
+
+def _close(sockets: Sockets) -> None:
+    for sock in sockets.insecure_sockets:
+        sock.close()
+
+
+@contextlib.contextmanager
+def _listen_errors(config: Config) -> Iterator[None]:
+    """Binding and listening failures, as one `StartupError` naming the address and the cause.
+
+    Raises:
+        StartupError: instead of the `OSError` (a name that does not resolve
+            is a `socket.gaierror`) or the `OverflowError` (a port beyond 65535).
+    """
+    try:
+        yield
+    except (OSError, OverflowError) as error:
+        raise StartupError(f"cannot listen on {config.bind[0]}: {_why_not_listening(error, config.bind[0])}") from None
+
+
+def _why_not_listening(error: OSError | OverflowError, bind: str) -> str:
+    if isinstance(error, OverflowError):
+        return "the port must be 0-65535"
+    if isinstance(error, socket.gaierror):
+        return f"the host name does not resolve ({error.strerror})"
+    if error.errno == errno.EADDRINUSE:
+        return "the address is already in use"
+    if error.errno == errno.EADDRNOTAVAIL:
+        return "this machine has no such address"
+    if error.errno == errno.EACCES:
+        port = bind.rsplit(":", 1)[-1]
+        privileged = port.isdigit() and 0 < int(port) < 1024
+        return "permission denied (ports below 1024 need privileges)" if privileged else "permission denied"
+    return error.strerror or str(error)
 
 
 def _refuse_self_reference(settings: Settings, sockets: Sockets) -> None:
@@ -197,7 +257,8 @@ async def _serve_sockets(
 
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(run_lifespan)
-        await lifespan.wait_for_startup()
+        with _startup_failure_said_once(app):
+            await lifespan.wait_for_startup()
         if not lifespan.started:
             await lifespan_over.wait()  # startup failed: its reason is on its way
             lifespan_nursery.cancel_scope.cancel()
@@ -210,7 +271,30 @@ async def _serve_sockets(
             await lifespan.wait_for_shutdown()
             lifespan_nursery.cancel_scope.cancel()
     if not lifespan.started:
-        raise StartupError(_startup_message(failures[0]) if failures else "cannot start")
+        raise StartupError(_startup_message(failures[0]) if failures else "the app did not start")
+
+
+@contextlib.contextmanager
+def _startup_failure_said_once(app: Any) -> Iterator[None]:
+    """Keep Quart's own record of a failed start-up ("Exception", with the error) out of the log.
+
+    Quart logs the error its `before_serving` raised, then hands it on: the
+    serve loop raises it as `StartupError`, the one line that says why.  At
+    DEBUG the record is kept, for its traceback.
+    """
+    logger = getattr(app, "logger", None)
+    if not isinstance(logger, logging.Logger):
+        yield
+        return
+
+    def said_by_the_server(record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.msg == "Exception" and not logger.isEnabledFor(logging.DEBUG))
+
+    logger.addFilter(said_by_the_server)
+    try:
+        yield
+    finally:
+        logger.removeFilter(said_by_the_server)
 
 
 # The collector's thresholds once the gateway serves.  With thousands of open
@@ -490,8 +574,7 @@ def _reset(socket_: trio.socket.SocketType) -> None:
 def _startup_message(error: BaseException) -> str:
     text = str(error)
     # hypercorn's wording: "Lifespan failure in startup. '<the app's message>'"
-    detail = text.split(". ", 1)[1].strip("'") if ". " in text else text
-    return f"cannot start: {detail}"
+    return text.split(". ", 1)[1].strip("'") if ". " in text else text
 
 
 def run(settings: Settings, *, host: str | None = None, port: int | None = None, workers: int = 1) -> int:
@@ -501,8 +584,11 @@ def run(settings: Settings, *, host: str | None = None, port: int | None = None,
 
     Raises:
         StartupError: it could not start.
+        ValueError: `workers` is below 1.
     """
-    if workers <= 1:
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
+    if workers == 1:
         trio.run(functools.partial(_serve_until_signalled, settings, host, port))
         return 0
     return _run_workers(settings, host=host, port=port, workers=workers)
@@ -528,24 +614,21 @@ def _run_workers(settings: Settings, *, host: str | None, port: int | None, work
     """Worker processes sharing the listening sockets; SIGTERM/SIGINT stop them all in order.
 
     A worker that dies is replaced; one that cannot start stops them all.
+
+    Raises:
+        StartupError: the sockets could not be opened, or a worker could not
+            start (its reason, said once however many workers failed).
     """
     from .observe.metrics import shared_across_workers
 
     config = hypercorn_config(settings, host=host, port=port)
-    sockets = config.create_sockets()
-    try:
-        _refuse_self_reference(settings, sockets)
-    except StartupError:
-        for sock in sockets.insecure_sockets:
-            sock.close()
-        raise
-    for sock in sockets.insecure_sockets:
-        sock.listen(config.backlog)
+    sockets = _open_sockets(settings, config)
     context = get_context("spawn")
     stop = _Stop(context)
-    processes: list[Any] = []
+    processes: dict[Any, Connection] = {}  # each worker, and the pipe on which it says why it could not start
     stopping = False
     signalled: str | None = None
+    cannot_start: str | None = None
 
     def on_signal(signum: int, _: Any) -> None:
         nonlocal stopping, signalled
@@ -555,46 +638,61 @@ def _run_workers(settings: Settings, *, host: str | None, port: int | None, work
     # Workers inherit "ignore SIGINT" (a terminal's Ctrl-C reaches the whole
     # process group): the parent decides when they stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    log.info("starting %d worker processes on %s", workers, config.bind[0])
-    exitcode = 0
+    # DEBUG: each worker says "serving" itself, and a start-up that fails is one line.
+    log.debug("starting %d worker processes on %s", workers, config.bind[0])
     # Entered before the first worker starts: they all keep their metrics in one directory.
     with shared_across_workers(settings) as worker_exited:
         try:
             while not stopping:
                 while len(processes) < workers:
-                    process = context.Process(target=_worker, args=(settings, host, port, sockets, stop.heard))
+                    heard, says = context.Pipe(duplex=False)
+                    process = context.Process(target=_worker, args=(settings, host, port, sockets, stop.heard, says))
                     process.start()
-                    processes.append(process)
+                    says.close()  # the worker holds its own copy: only it writes
+                    processes[process] = heard
                 signal.signal(signal.SIGINT, on_signal)
                 signal.signal(signal.SIGTERM, on_signal)
                 wait([*(process.sentinel for process in processes), stop.heard])
                 for process in [p for p in processes if not p.is_alive()]:
-                    processes.remove(process)
+                    reason = _reason_heard(processes.pop(process))
                     worker_exited(process.pid)
                     if process.exitcode == _CANNOT_START:
-                        exitcode, stopping = 2, True
+                        cannot_start = cannot_start or reason or f"worker {process.pid} could not start"
+                        stopping = True
                         stop.set()
                     elif not stopping:
                         log.warning("worker %s exited (%s); starting another", process.pid, process.exitcode)
             # The parent's copies of the listening sockets, closed at once: while
             # one is open the kernel still accepts connections nobody will answer.
-            for sock in sockets.insecure_sockets:
-                sock.close()
+            _close(sockets)
             if signalled is not None:
                 log.info("stopping (%s): stopped listening; %d workers drain", signalled, len(processes))
         finally:
             stop.set()
-            for sock in sockets.insecure_sockets:
-                sock.close()
-            for process in processes:
+            _close(sockets)
+            for process, heard in processes.items():
                 process.join(settings.shutdown_grace + config.graceful_timeout + 15)
                 if process.is_alive():
                     process.terminate()
+                heard.close()
                 worker_exited(process.pid)
-    return exitcode
+    if cannot_start is not None:
+        raise StartupError(cannot_start)
+    return 0
 
 
 _CANNOT_START = 3
+_REASON_BYTES = 4096  # a reason is one line; a pipe's buffer takes it whole, so the worker never waits
+
+
+def _reason_heard(heard: Connection) -> str | None:
+    """What an exited worker said about why it could not start, if anything."""
+    try:
+        return heard.recv_bytes().decode(errors="replace") if heard.poll() else None
+    except (EOFError, OSError):
+        return None  # it exited without a word
+    finally:
+        heard.close()
 
 
 class _Stop:
@@ -612,15 +710,21 @@ class _Stop:
         self._said.close()  # idempotent: the signal handler and the loop may both say it
 
 
-def _worker(settings: Settings, host: str | None, port: int | None, sockets: Sockets, stop: Connection) -> None:
-    """One worker process (spawned: it builds its own app and logging)."""
+def _worker(
+    settings: Settings, host: str | None, port: int | None, sockets: Sockets, stop: Connection, says: Connection
+) -> None:
+    """One worker process (spawned: it builds its own app and logging).
+
+    One that cannot start does not log why: it tells the parent on `says`,
+    and the parent says it once, for all its workers.
+    """
     from .logs import configure_logging
 
-    configure_logging(settings)
     try:
+        configure_logging(settings)
         trio.run(_serve_worker, settings, hypercorn_config(settings, host=host, port=port), sockets, stop)
     except (StartupError, ConfigError) as error:
-        log.error("%s", error)
+        says.send_bytes(str(error).encode()[:_REASON_BYTES])
         sys.exit(_CANNOT_START)
 
 

@@ -339,6 +339,12 @@ class ScriptedBackend:
             script = [chunk({"content": "ok"}), {"error": {"message": f"failed for {auth}", "type": "server_error"}}]
         elif model == "weather":
             script = _weather_script(body)
+        elif model == "numbered-calls":
+            refusal = _unanswered_calls(body)
+            if refusal is not None:
+                await _json(send, 400, {"error": {"message": refusal, "type": "invalid_request_error", "param": "messages"}})
+                return
+            script = _numbered_call_script(body)
         elif model.startswith("mcp-"):
             script = _tool_user_script(model, body)
         else:
@@ -416,6 +422,47 @@ def _weather_script(body: dict[str, Any]) -> list[Any]:
         usage_chunk(),
         b"[DONE]",
     ]
+
+
+def _numbered_call_script(body: dict[str, Any]) -> list[Any]:
+    """Like llama.cpp: ids numbered per response, so every response calls `lookup` as `call_0`.
+
+    The arguments say how many tool results the request held, so a test can tell the calls apart.
+    """
+    results = sum(1 for m in body.get("messages") or () if m.get("role") == "tool")
+    return [
+        chunk(call_delta(0, id="call_0", name="lookup", args='{"turn": %d}' % results)),
+        chunk(finish="tool_calls"),
+        usage_chunk(),
+        b"[DONE]",
+    ]
+
+
+def _unanswered_calls(body: dict[str, Any]) -> str | None:
+    """What a strict backend (vLLM, OpenAI) says of a tool sequence it refuses, or None.
+
+    Each assistant `tool_calls` must be followed at once by one tool message per call, and a
+    tool message must answer a call of the assistant message before it.
+    """
+    messages = body.get("messages") or []
+    index = 0
+    while index < len(messages):
+        message = messages[index]
+        index += 1
+        if message.get("role") == "tool":
+            return "Invalid parameter: messages with role 'tool' must be a response to a preceding message with 'tool_calls'."
+        ids = [c.get("id") for c in message.get("tool_calls") or ()]
+        while index < len(messages) and messages[index].get("role") == "tool":
+            if messages[index].get("tool_call_id") not in ids:
+                return "Invalid parameter: messages with role 'tool' must be a response to a preceding message with 'tool_calls'."
+            ids.remove(messages[index].get("tool_call_id"))
+            index += 1
+        if ids:
+            return (
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+                f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(map(str, ids))}"
+            )
+    return None
 
 
 async def _json(send: Send, status: int, payload: Any) -> None:

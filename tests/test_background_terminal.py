@@ -37,10 +37,10 @@ class RacingStore:
 
     async def update(self, response_id: str, change: Any) -> Any:
         if change.__qualname__.endswith("_store_end.<locals>.finish") and response_id not in self.raced:
-            job = self.app.runner.job(response_id)
+            job = self.app.shared.runner.job(response_id)
             if job is not None and job.turn.translator.done:  # the turn has ended; its end is not stored yet
                 self.raced.append(response_id)
-                ended, written = await self.app.runner.save_progress(job)
+                ended, written = await self.app.shared.runner.save_progress(job)
                 assert (ended, written) == (False, True)
         return await self.inner.update(response_id, change)
 

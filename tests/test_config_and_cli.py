@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -130,3 +131,45 @@ async def test_a_misspelt_environment_variable_is_warned_about_at_start_up(tmp_p
             )
             nursery.cancel_scope.cancel()
     assert b"STREAM_TIMOUT is not a setting (did you mean STREAM_TIMEOUT?)" in bytes(gateway.stderr)
+
+
+async def test_gateway_version_prints_the_installed_packages_version():
+    from importlib.metadata import version
+
+    done = await trio.run_process([sys.executable, "-m", "gateway", "--version"], capture_stdout=True, capture_stderr=True)
+    assert done.stdout.decode() == f"gateway {version('trio-responses-gateway')}\n"
+    assert done.stderr == b""
+
+
+async def test_gateway_mcp_list_exits_1_when_a_server_failed_and_still_lists_every_server(tmp_path):
+    from test_mcp_manager import EXAMPLE, EXAMPLE_TOOLS
+
+    servers = {
+        "example": {"command": sys.executable, "args": [str(EXAMPLE)]},
+        "broken": {"command": sys.executable, "args": ["-c", "import sys; sys.exit(1)"]},  # exits at once
+    }
+    path = tmp_path / "servers.json"
+    path.write_text(json.dumps({"mcpServers": servers}))
+    with trio.fail_after(30):
+        done = await trio.run_process(
+            [sys.executable, "-m", "gateway", "mcp", "list", "--config", str(path), "--wait", "15"],
+            cwd=tmp_path, capture_stdout=True, capture_stderr=True, check=False,
+        )
+    assert done.returncode == 1, done.stderr.decode()
+    rows = [line.split(None, 3) for line in done.stdout.decode().splitlines()]
+    assert rows[1] == ["example", "stdio", "ready", ", ".join(EXAMPLE_TOOLS)]
+    assert rows[2][:3] in (["broken", "stdio", "failed"], ["broken", "stdio", "reconnecting"])
+
+
+async def test_gateway_mcp_list_exits_0_when_every_server_is_ready(tmp_path):
+    from test_mcp_manager import EXAMPLE
+
+    path = tmp_path / "servers.json"
+    path.write_text(json.dumps({"mcpServers": {"example": {"command": sys.executable, "args": [str(EXAMPLE)]}}}))
+    with trio.fail_after(30):
+        done = await trio.run_process(
+            [sys.executable, "-m", "gateway", "mcp", "list", "--config", str(path), "--wait", "15"],
+            cwd=tmp_path, capture_stdout=True, capture_stderr=True, check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().splitlines()[1].split()[:3] == ["example", "stdio", "ready"]

@@ -3,11 +3,63 @@ chain made (400 naming the call id, as OpenAI answers); stateless histories are 
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from test_websocket import aconnect_ws, turn, ws_url
 
+from gateway.errors import InvalidRequest
+from gateway.turn.conversation import Prepared, check_outputs_answer_calls, to_wire
 
-def output(call_id: str) -> dict[str, str]:
-    return {"type": "function_call_output", "call_id": call_id, "output": "42"}
+
+def output(call_id: str, result: str = "42") -> dict[str, str]:
+    return {"type": "function_call_output", "call_id": call_id, "output": result}
+
+
+def call(call_id: str, turn: int = 0) -> dict[str, str]:
+    return {"type": "function_call", "call_id": call_id, "name": "lookup", "arguments": f'{{"turn": {turn}}}'}
+
+
+def continuation(history: list[dict[str, Any]], new: list[dict[str, Any]]) -> Prepared:
+    return Prepared(history=to_wire(history), input=to_wire(new), input_records=[])
+
+
+# A chain from a backend that numbers call ids per response: `call_0` in every turn.
+NUMBERED_CHAIN = [
+    {"type": "message", "role": "user", "content": "look it up"},
+    call("call_0", 0), output("call_0", "result 0"),
+    call("call_0", 1), output("call_0", "result 1"),
+    call("call_0", 2),
+]
+
+
+def test_an_output_answering_the_latest_of_several_calls_with_one_id_is_accepted():
+    check_outputs_answer_calls(continuation(NUMBERED_CHAIN, [output("call_0", "result 2")]))
+
+
+@pytest.mark.parametrize(
+    "new",
+    [
+        [output("call_0", "result 2"), output("call_0", "result 2")],
+        [output("call_0", "result 2"), output("call_0", "another answer to the same call")],
+        [output("call_0", "result 2"), {"type": "message", "role": "user", "content": "hm"}, output("call_0", "result 2")],
+    ],
+    ids=["resent", "second-answer-at-once", "resent-after-a-message"],
+)
+def test_a_duplicate_output_is_not_refused_since_the_planner_drops_it(new):
+    check_outputs_answer_calls(continuation(NUMBERED_CHAIN, new))
+
+
+def test_an_output_no_call_with_its_id_is_waiting_for_is_refused_though_the_id_was_used_before():
+    done = [*NUMBERED_CHAIN, output("call_0", "result 2"), {"type": "message", "role": "assistant", "content": "All done."}]
+    with pytest.raises(InvalidRequest) as refused:
+        check_outputs_answer_calls(continuation(done, [{"type": "message", "role": "user", "content": "and?"}, output("call_0", "new")]))
+    assert refused.value.status == 400 and refused.value.param == "input[1]"
+
+
+def test_an_orphan_in_the_stored_history_is_not_the_continuations_fault():
+    check_outputs_answer_calls(continuation([output("call_gone"), *NUMBERED_CHAIN], [output("call_0", "result 2")]))
 
 
 async def test_an_output_for_a_call_the_chain_never_made_is_refused(gateway_url, client, backend):

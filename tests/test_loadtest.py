@@ -36,7 +36,9 @@ from gateway.lab.loadtest import (
     render_html,
     run_load,
 )
+from gateway.lab.loadtest.progress import progress_line
 
+ROOT = pathlib.Path(__file__).parent.parent
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -801,6 +803,98 @@ def test_invalid_options_are_refused_before_running(capsys: pytest.CaptureFixtur
     assert main(parse_args("--header", "no-colon")) == 2
     assert main(parse_args("--concurrency", "0")) == 2
     assert "gateway loadtest:" in capsys.readouterr().err
+
+
+def test_the_progress_line_counts_requests_or_the_seconds_of_the_duration() -> None:
+    by_count = LoadConfig(url="http://127.0.0.1:1", requests=40)
+    assert progress_line(by_count, 9, 1, 2.0) == (
+        "loadtest [######------------------] 10/40  9 ok  1 failed  4.5/s  0:00:02"
+    )
+    by_time = LoadConfig(url="http://127.0.0.1:1", duration=3.0)
+    assert progress_line(by_time, 2, 0, 1.2) == "loadtest [##########--------------] 1.2/3 s  2 ok  0 failed  1.7/s  0:00:01"
+    # Requests in flight when the duration ends still finish: the line stays full, not beyond.
+    assert progress_line(by_time, 5, 0, 3725.4).startswith("loadtest [" + "#" * 24 + "] 3.0/3 s  5 ok")
+    assert progress_line(by_time, 5, 0, 3725.4).endswith("  1:02:05")
+
+
+async def test_progress_goes_to_stderr_only_when_asked_for_if_stderr_is_not_a_terminal(
+    nursery: trio.Nursery, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = await serve_script(nursery, [OK])  # a raw server: nothing of its own on stderr
+    assert await run_main("--url", server.url, "-n", "3") == 0
+    assert capsys.readouterr().err == ""
+
+    assert await run_main("--url", server.url, "-n", "3", "--progress") == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("\rloadtest [") and err.endswith("\n")
+    assert "] 3/3  3 ok  0 failed  " in err.splitlines()[-1]
+    assert "\r" not in out and "3 ok, 0 failed" in out  # the summary on stdout stays clean
+
+
+# `gateway loadtest` as a plain `pip install` leaves it: the test extras (rich among them) absent.
+WITHOUT_RICH = "import sys; sys.modules['rich'] = None; from gateway.cli import main; sys.exit(main())"
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+async def test_the_progress_line_needs_no_rich_and_is_drawn_when_stderr_is_a_terminal(nursery: trio.Nursery) -> None:
+    server = await serve_script(nursery, [OK])
+    controller, terminal = os.openpty()
+    argv = [sys.executable, "-c", WITHOUT_RICH, "loadtest", "--url", server.url, "-n", "5", "-c", "2"]
+    try:
+        with trio.fail_after(30):
+            done = await trio.run_process(
+                argv, cwd=ROOT, stdin=subprocess.DEVNULL, capture_stdout=True, stderr=terminal, check=False
+            )
+    finally:
+        os.close(terminal)
+    drawn = read_terminal(controller)
+
+    assert done.returncode == 0, drawn
+    assert "5 ok, 0 failed" in done.stdout.decode()
+    assert "No module named" not in drawn and "rich" not in drawn
+    # No flag was given: a terminal on stderr turned the line on. It ends with the final counts.
+    last = drawn.replace("\r\n", "\n").rsplit("\r", 1)[-1]
+    assert last.startswith("loadtest [" + "#" * 24 + "] 5/5  5 ok  0 failed  ") and last.endswith("\n")
+
+
+def read_terminal(controller: int) -> str:
+    """Everything the child wrote to the terminal; it has exited, so reading ends at once."""
+    chunks = []
+    try:
+        while chunk := os.read(controller, 65536):
+            chunks.append(chunk)
+    except OSError:  # EIO: no process has the terminal open any more
+        pass
+    finally:
+        os.close(controller)
+    return b"".join(chunks).decode()
+
+
+def test_the_load_generator_also_runs_as_a_python_module() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.lab.loadtest", "--help"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: gateway loadtest") and "--max-error-rate" in done.stdout
+
+
+def test_raising_the_descriptor_limit_lifts_the_soft_limit_to_the_hard_one() -> None:
+    resource = pytest.importorskip("resource")
+    # In a child: the test process keeps its own limit.
+    probe = (
+        "import resource\n"
+        "from gateway.lab.fdlimit import raise_fd_limit\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), hard))\n"
+        "raise_fd_limit()\n"
+        "print(*resource.getrlimit(resource.RLIMIT_NOFILE), hard)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    soft, hard_after, hard = map(int, out.split())
+
+    assert hard_after == hard
+    assert soft == (1 << 20 if hard == resource.RLIM_INFINITY else hard)
 
 
 def report_of(config: LoadConfig, results: list[RequestResult], *, started_at: float = 0.0, wall: float = 3.0) -> loadtest.LoadReport:

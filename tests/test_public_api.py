@@ -47,3 +47,81 @@ def test_the_pure_core_loads_no_io_framework_or_client():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --- the layers' import rules -----------------------------------------------------------------------
+
+import ast  # noqa: E402
+import pathlib  # noqa: E402
+
+PACKAGE = pathlib.Path(gateway.__file__).parent
+
+
+def imported(path: pathlib.Path) -> set[str]:
+    """Every module a source file imports (relative imports resolved), at any depth of the file."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+                names.update(f"{base}.{alias.name}" for alias in node.names)  # `from . import x` may be a module
+            names.add(base)
+    return names
+
+
+def modules(folder: str = "") -> dict[str, set[str]]:
+    root = PACKAGE / folder
+    files = [root] if root.suffix == ".py" else sorted(root.rglob("*.py"))
+    return {".".join(f.relative_to(PACKAGE.parent).with_suffix("").parts): imported(f) for f in files}
+
+
+def breaking(found: dict[str, set[str]], *prefixes: str) -> dict[str, list[str]]:
+    return {
+        module: sorted(name for name in names if any(name == p or name.startswith(p + ".") for p in prefixes))
+        for module, names in found.items()
+        if any(name == p or name.startswith(p + ".") for p in prefixes for name in names)
+    }
+
+
+def test_the_request_planner_loads_no_io_framework_client_or_cipher():
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\nimport gateway.turn.plan, gateway.turn.conversation, gateway.intake, gateway.render\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'quart', 'hypercorn', 'werkzeug', 'httpx2', 'httpcore', 'cryptography', 'redis', 'mcp'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    planner = modules("turn/plan.py") | modules("streams")
+    assert breaking(planner, "trio", "httpx2", "quart", "hypercorn", "cryptography", "gateway.sealing") == {}
+
+
+def test_turns_never_import_transports_routes_or_the_framework():
+    assert breaking(modules("turn"), "gateway.transport", "gateway.app", "gateway.responses", "quart", "quart_trio") == {}
+
+
+def test_telemetry_never_imports_the_turn():
+    assert breaking(modules("observe"), "gateway.turn") == {}
+
+
+def test_settings_import_nothing_of_the_gateway():
+    assert breaking(modules("config.py"), "gateway") == {}
+
+
+def test_only_the_app_and_the_body_bridge_import_the_framework():
+    users = breaking(modules(), "quart", "quart_trio")
+    assert sorted(users) == ["gateway.app", "gateway.transport.asgi"]
+
+
+def test_the_app_module_is_wiring_only():
+    lines = (PACKAGE / "app.py").read_text().splitlines()
+    assert len(lines) <= 250, "routes only route: behaviour belongs in intake, turn/, transport/, render"

@@ -8,9 +8,11 @@ import re
 import subprocess
 import sys
 
+import pytest
 import trio
 
-README = pathlib.Path(__file__).parent.parent / "README.md"
+ROOT = pathlib.Path(__file__).parent.parent
+README = ROOT / "README.md"
 
 
 def example(marker: str) -> str:
@@ -41,14 +43,55 @@ def test_the_translator_example_runs_without_io(capsys):
     assert out[1] == "Hello"
 
 
-def test_the_readme_commands_exist_in_the_justfile():
-    justfile = (README.parent / "justfile").read_text()
-    text = README.read_text()
+def command(marker: str) -> str:
+    match = re.search(rf"<!-- {marker} -->\n```sh\n(.*?)```", README.read_text(), re.S)
+    assert match, f"README has no {marker}"
+    return match.group(1).strip()
+
+
+def test_the_quick_start_runs_the_demo_and_test_recipes_through_dev():
+    assert command("demo-command") == "./dev demo"
+    assert command("test-command") == "./dev test"
+    assert os.access(ROOT / "dev", os.X_OK)
+    justfile = (ROOT / "justfile").read_text()
     for recipe in ("demo", "test"):
-        assert f"just {recipe}" in text
         assert re.search(rf"^{recipe}\b", justfile, re.M)
-    ci = (README.parent / ".ci" / "run").read_text()
-    assert '"$JUST" test' in ci
+
+
+def test_ci_runs_the_readmes_test_command_with_the_system_python_and_a_fresh_home():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "/^<!-- test-command -->$/" in ci  # the command is read from the README, not copied
+    assert "env -i" in ci and "PATH=/usr/bin:/bin" in ci and 'HOME="$home"' in ci and "mktemp -d" in ci
+
+
+def test_a_recipe_whose_environment_is_up_to_date_does_not_run_pip(tmp_path):
+    just = pathlib.Path(sys.executable).with_name("just")
+    if not just.exists():
+        pytest.skip("just is not installed beside this Python (./dev installs it into .venv)")
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "pip").touch(mode=0o755)
+    # A stand-in for the venv's python: records each pip run instead of installing.
+    (venv_bin / "python").write_text('#!/bin/sh\necho "$*" >>calls\n')
+    (venv_bin / "python").chmod(0o755)
+
+    def install() -> list[str]:
+        subprocess.run(
+            [just, "--justfile", ROOT / "justfile", "--working-directory", tmp_path, "_install", "test", "model==1"],
+            check=True,
+            capture_output=True,
+        )
+        calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+        (tmp_path / "calls").unlink(missing_ok=True)
+        return calls
+
+    first = install()
+    assert [call.split()[-2:] for call in first] == [["-e", ".[test]"], ["--no-deps", "model==1"]]
+    assert install() == []
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'changed'\n")
+    assert install() == first
+    assert install() == []
 
 
 def test_every_setting_is_in_the_configuration_table():

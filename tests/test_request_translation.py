@@ -94,9 +94,10 @@ def assert_valid_tool_sequence(chat_messages: list[dict[str, Any]]) -> None:
 
     Every assistant `tool_calls` is followed at once by exactly one tool
     message per call (in any order), every tool message answers a call of
-    the assistant message just before it, and no call id is used twice.
+    the assistant message just before it, and no id repeats within one
+    message (across messages it may: backends that number ids per response
+    call `call_0` in every turn).
     """
-    seen_ids: set[str] = set()
     index = 0
     while index < len(chat_messages):
         message = chat_messages[index]
@@ -108,8 +109,6 @@ def assert_valid_tool_sequence(chat_messages: list[dict[str, Any]]) -> None:
         assert message["role"] == "assistant"
         ids = [c["id"] for c in calls]
         assert len(set(ids)) == len(ids), f"a call id repeats within one message: {ids}"
-        assert not seen_ids & set(ids), f"a call id is used twice: {chat_messages}"
-        seen_ids |= set(ids)
         answered: list[str] = []
         while index < len(chat_messages) and chat_messages[index]["role"] == "tool":
             answered.append(chat_messages[index]["tool_call_id"])
@@ -424,6 +423,146 @@ def test_any_history_with_outputs_after_their_calls_gives_a_valid_tool_sequence(
     calls = [c["id"] for m in result for c in m.get("tool_calls") or ()]
     assert sorted(calls) == sorted(i["call_id"] for i in items if i.get("type") == "function_call")
     assert [m["content"] for m in result if m["role"] == "user"] == [i["content"] for i in items if i.get("role") == "user"]
+
+
+# --- call ids reused across turns ------------------------------------------------------
+# Backends that number call ids per response (llama.cpp, some vLLM tool parsers, Mistral-style
+# templates) call `call_0` in every turn: results are matched to calls by position, not by id alone.
+
+
+def turn_call(turn: int, number: int = 0) -> dict[str, Any]:
+    """The `number`th call of response `turn`, from a backend that numbers ids per response."""
+    return call(f"call_{number}", arguments=orjson.dumps({"turn": turn, "n": number}).decode())
+
+
+def turn_output(turn: int, number: int = 0) -> dict[str, Any]:
+    return output(f"call_{number}", f"result {turn}.{number}")
+
+
+def assert_each_result_follows_its_own_call(chat_messages: list[dict[str, Any]]) -> None:
+    """A valid tool sequence in which each `result t.n` follows the call made in turn t as number n."""
+    assert_valid_tool_sequence(chat_messages)
+    owner: dict[str, Any] = {}
+    for message in chat_messages:
+        if message["role"] == "tool":
+            assert message["tool_call_id"] in owner, message
+            call_of = owner[message["tool_call_id"]]
+            assert message["content"] == f"result {call_of['turn']}.{call_of['n']}", (message, call_of)
+        elif message.get("tool_calls"):
+            owner = {c["id"]: orjson.loads(c["function"]["arguments"]) for c in message["tool_calls"]}
+
+
+def test_results_for_a_call_id_reused_in_every_turn_each_follow_their_own_call() -> None:
+    result = messages(
+        input=[user(), turn_call(0), turn_output(0), user("more"), turn_call(1), turn_output(1), turn_call(2), turn_output(2)]
+    )
+    assert result == [
+        {"role": "user", "content": "question"},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call("call_0", arguments='{"turn":0,"n":0}')]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "result 0.0"},
+        {"role": "user", "content": "more"},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call("call_0", arguments='{"turn":1,"n":0}')]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "result 1.0"},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call("call_0", arguments='{"turn":2,"n":0}')]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "result 2.0"},
+    ]
+
+
+def test_reused_ids_with_results_out_of_order_and_messages_between_still_pair_by_turn() -> None:
+    items = [
+        user(),
+        turn_call(0, 0), turn_call(0, 1), turn_output(0, 1), user("meanwhile"), turn_output(0, 0),
+        turn_call(1, 0), turn_call(1, 1), {"role": "assistant", "content": "still working"}, turn_output(1, 0), turn_output(1, 1),
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "once more"}]},
+        turn_call(2, 1), turn_call(2, 0), user("and?"), turn_output(2, 0), turn_output(2, 1),
+    ]
+    result = messages(input=items)
+    assert_each_result_follows_its_own_call(result)
+    assert sum(1 for m in result if m["role"] == "tool") == 6
+    assert [m["content"] for m in result if m["role"] == "user"] == ["question", "meanwhile", "and?"]
+
+
+def test_an_output_listed_before_its_call_in_a_later_turn_answers_that_call() -> None:
+    result = messages(input=[user(), turn_call(0), turn_output(0), user("next"), turn_output(1), turn_call(1)])
+    assert_each_result_follows_its_own_call(result)
+    assert [m["content"] for m in result if m["role"] == "tool"] == ["result 0.0", "result 1.0"]
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [user(), turn_call(0), turn_output(0), turn_call(1), turn_output(1), turn_output(1)],
+        [user(), turn_call(0), turn_output(0), turn_call(1), turn_output(1), user("again"), turn_output(1)],
+        [user(), turn_call(0), turn_output(0), turn_output(0), turn_call(1), turn_output(1)],
+    ],
+    ids=["resent-at-once", "resent-after-a-message", "resent-before-the-next-turn"],
+)
+def test_a_resent_result_is_dropped_and_not_given_to_another_call_with_its_id(items: list[dict[str, Any]]) -> None:
+    result = messages(input=items)
+    assert_each_result_follows_its_own_call(result)
+    assert [m["content"] for m in result if m["role"] == "tool"] == ["result 0.0", "result 1.0"]
+    assert len([m for m in result if m.get("tool_calls")]) == 2, "no synthetic call for a duplicate"
+
+
+def test_a_result_whose_own_call_is_missing_gets_a_synthetic_call_though_its_id_was_used_before() -> None:
+    # The call of turn 1 is gone (an unstored turn); turn 0's call_0 is answered already.
+    result = messages(input=[user(), turn_call(0), turn_output(0), user("go on"), output("call_0", "late result")])
+    assert_valid_tool_sequence(result)
+    assert [m["role"] for m in result] == ["user", "assistant", "tool", "user", "assistant", "tool"]
+    assert result[4]["tool_calls"] == [{"id": "call_0", "type": "function", "function": {"name": "function", "arguments": "{}"}}]
+    assert result[5] == {"role": "tool", "tool_call_id": "call_0", "content": "late result"}
+
+
+def test_where_the_stored_history_ends_does_not_change_the_pairing() -> None:
+    """`previous_response_id` (and a WebSocket's cache) give the planner history and input apart."""
+    from gateway.turn.conversation import to_wire
+
+    items = [user(), turn_call(0), turn_output(0), turn_call(1), turn_output(1), turn_call(2), turn_output(2)]
+    whole = messages(input=items)
+    assert_each_result_follows_its_own_call(whole)
+    req = parse_create_request(orjson.dumps({"model": "test-model", "input": "unused"}))
+    for split in range(1, len(items)):
+        planned = plan_chat_request(
+            req, response_id=RESPONSE_ID, created_at=CREATED_AT, history=to_wire(items[:split]), items=to_wire(items[split:])
+        )
+        assert planned.body["messages"] == whole, split
+
+
+# A history from a backend that numbers ids per response: each turn calls call_0..call_k, its
+# results follow in any order, anything may come between, and a result may be resent at once
+# or at the very end.
+@st.composite
+def _numbered_histories(draw: st.DrawFn) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = [user()]
+    resent: list[dict[str, Any]] = []
+    fillers = st.sampled_from([None, None, None, "user", "assistant", "reasoning"])
+    for turn in range(draw(st.integers(min_value=1, max_value=4))):
+        count = draw(st.integers(min_value=1, max_value=3))
+        events = [turn_call(turn, n) for n in draw(st.permutations(range(count)))]
+        for number in draw(st.permutations(range(count))):
+            events.append(turn_output(turn, number))
+            if draw(st.booleans()) and draw(st.booleans()):
+                (events if draw(st.booleans()) else resent).append(turn_output(turn, number))
+        for event in events:
+            filler = draw(fillers)
+            if filler == "user":
+                items.append(user("more"))
+            elif filler == "assistant":
+                items.append({"role": "assistant", "content": "thinking aloud"})
+            elif filler == "reasoning":
+                items.append({"type": "reasoning", "summary": [{"type": "summary_text", "text": "hmm"}]})
+            items.append(event)
+    return items + resent
+
+
+@settings(max_examples=300, deadline=None)
+@given(_numbered_histories())
+def test_any_history_with_ids_numbered_per_response_pairs_every_result_with_its_own_call(items: list[dict[str, Any]]) -> None:
+    result = messages(input=items)
+    assert_each_result_follows_its_own_call(result)
+    calls = [(c["id"], c["function"]["arguments"]) for m in result for c in m.get("tool_calls") or ()]
+    assert calls == [(i["call_id"], i["arguments"]) for i in items if i.get("type") == "function_call"], "no synthetic call"
+    assert len([m for m in result if m["role"] == "tool"]) == len(calls), "each call answered once"
 
 
 # --- reasoning items -----------------------------------------------------------------

@@ -32,9 +32,9 @@ def ws_url(gateway_url: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def aconnect_ws(url: str) -> AsyncIterator[Any]:
+async def aconnect_ws(url: str, headers: dict[str, str] | None = None) -> AsyncIterator[Any]:
     async with httpx2.AsyncClient(timeout=10) as http:
-        async with AsyncWebSocketClient(http).connect(url) as ws:
+        async with AsyncWebSocketClient(http).connect(url, headers=headers) as ws:
             yield ws
 
 
@@ -70,7 +70,7 @@ async def test_bad_messages_get_the_error_envelope_and_the_socket_stays_open(gat
         for payload, code in (
             (b"{nope", "invalid_json"),
             (orjson.dumps({"type": "response.cancel"}), "invalid_event_type"),
-            (orjson.dumps({"type": "response.create", "model": "text", "input": "x", "stream": True}), "invalid_request"),
+            (orjson.dumps({"type": "response.create", "model": "text", "input": "x", "background": True}), "invalid_request"),
         ):
             await ws.send_text(payload.decode())
             with trio.fail_after(5):

@@ -30,6 +30,8 @@ class ChatChunks(Protocol):
             is not a chunk.
     """
 
+    backend: str | None  # which backend answered (its name and URL, no secrets), for the outcome
+
     @property
     def saw_done(self) -> bool:
         """The backend ended with `[DONE]` (not by closing its body)."""

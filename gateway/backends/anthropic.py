@@ -270,6 +270,7 @@ class _Chunks:
         self._redact = redactor.stream()
         self._sse = SSEDecoder()
         self._mapper = MessagesStream()
+        self.backend: str | None = None  # which backend this is (its adapter's label)
         self._ended = False
 
     @property
@@ -330,6 +331,7 @@ class AnthropicBackend:
         self._url = (root if root.endswith("/v1") else root + "/v1") + "/messages"
         self.name = name
         self.url = public_url(root)
+        self.label = f"{name}@{self.url}"  # which backend answered, in a log line (no spaces, no secrets)
         self._headers = {
             **(headers or {}),
             "anthropic-version": _VERSION,
@@ -370,7 +372,9 @@ class AnthropicBackend:
             try:
                 if response.status_code >= 400:
                     raise await self._status_error(response)
-                yield _Chunks(response, self._redactor)
+                chunks = _Chunks(response, self._redactor)
+                chunks.backend = self.label
+                yield chunks
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     await response.aclose()

@@ -85,6 +85,7 @@ class ChatStream:
         self._timeout = data_timeout
         self._dry_since: float | None = trio.current_time()  # since when reads have made no chunk
         self._pending_error: GatewayError | None = None
+        self.backend: str | None = None  # which backend this is (its adapter's label)
         self._ended = False
         self._held = b""  # the rest of a large early read, decoded at the next step
         self._step = _FIRST_STEP
@@ -238,10 +239,13 @@ class PassthroughResponse:
         BackendUnavailable: the connection was lost mid-body.
     """
 
-    def __init__(self, response: httpx2.Response, redactor: Redactor, *, backend: str = "the backend") -> None:
-        """`backend`: which one answered (its name and URL), for the log."""
+    def __init__(
+        self, response: httpx2.Response, redactor: Redactor, *, backend: str = "the backend", label: str | None = None
+    ) -> None:
+        """`backend`: which one answered (its name and URL), for the log; `label`: the same, for the outcome."""
         self.status = response.status_code
         self.backend = backend
+        self.backend_label = label
         self.headers = {
             name: redactor.redact(value)
             for name, value in response.headers.items()
@@ -320,6 +324,7 @@ class OpenAICompatibleBackend:
             self._v1 = root if root.endswith("/v1") else root + "/v1"
         self._chat_url = httpx2.URL(self._v1 + "/chat/completions")
         self.url = public_url(self._v1)
+        self.label = f"{name}@{self.url}"  # which backend answered, in a log line (no spaces, no secrets)
         self._auth = {**(headers or {}), **({"authorization": f"Bearer {api_key}"} if api_key else {})}
         self._refuses_reasoning_content: set[Any] = set()  # models that said so by name
         self._chat_headers = {
@@ -382,7 +387,9 @@ class OpenAICompatibleBackend:
                 error = BackendStatusError.from_body(response.status_code, error_body)
                 error.retry_after = retry_after_of(response.headers.get("retry-after"))
                 raise error
-            yield ChatStream(response, data_timeout=self._data_timeout, redactor=self._redactor)
+            stream = ChatStream(response, data_timeout=self._data_timeout, redactor=self._redactor)
+            stream.backend = self.label
+            yield stream
 
     def _chat_request(self, payload: bytes, headers: Mapping[str, str] | None) -> httpx2.Request:
         merged = {**self._chat_headers, **headers} if headers else self._chat_headers
@@ -413,7 +420,9 @@ class OpenAICompatibleBackend:
         with naming_errors(self.name, self.url), map_backend_errors():
             response = await self._client.send(request, stream=True)
         try:
-            yield PassthroughResponse(response, self._redactor, backend=f"backend {self.name!r} at {self.url}")
+            yield PassthroughResponse(
+                response, self._redactor, backend=f"backend {self.name!r} at {self.url}", label=self.label
+            )
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await response.aclose()

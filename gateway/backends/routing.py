@@ -36,7 +36,7 @@ from ..errors import BackendError, BackendStatusError, BackendStreamError, Backe
 from ..wire import model_of
 from .config import BackendConfig, FallbackConfig, GatewayConfig, RouteTarget
 
-__all__ = ["BackendState", "Router", "backend_models", "build_router"]
+__all__ = ["BackendState", "Router", "backend_models", "build_router", "models_for"]
 
 log = logging.getLogger("gateway.backends")
 
@@ -332,3 +332,14 @@ def build_router(config: GatewayConfig, settings: Any, redactor: Any) -> Router:
                 name=name,
             )
     return Router(config, adapters)
+
+
+async def models_for(backend: Any, limits: Any) -> list[dict[str, Any]] | None:
+    """The models a key (`limits`) may use: a router's configured names and each backend's own
+    list, or one backend's list, filtered by the key's model list; None when the answer is the one
+    backend's own, as it gives it (no router, no model list: relay it)."""
+    lister = getattr(backend, "list_models", None)
+    if lister is None and limits.models is None:
+        return None
+    listed = await lister() if lister is not None else await backend_models(backend)
+    return [model for model in listed if limits.allows_model(str(model["id"]))]

@@ -32,7 +32,6 @@ import dataclasses
 import fnmatch
 import hashlib
 import math
-import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -41,6 +40,7 @@ from typing import Any, Protocol
 
 import trio
 
+from ..config import check_key_name, static_key_entries
 from ..errors import GatewayError, NotFound, RateLimited, Unauthorized
 
 __all__ = [
@@ -74,21 +74,6 @@ REVOCATION_BOUND = 1.0
 # with a token limit and no `reserve` of its own (and the backend's max_tokens
 # for such a request, so that what it reserved bounds what it uses).
 DEFAULT_OUTPUT_RESERVATION = 4096
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-def check_key_name(name: str) -> str:
-    """A key's name as given, if it is one (1-64 letters, digits, `.`, `_`, `-`, not starting with
-    punctuation): names appear in logs, metrics labels and CLI output.
-
-    Raises:
-        ValueError: the name is empty, too long, or has other characters.
-    """
-    if not _NAME.fullmatch(name):
-        raise ValueError(
-            f"{name!r} is not a valid key name: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
-        )
-    return name
 
 
 def new_secret() -> str:
@@ -270,16 +255,12 @@ def parse_static_keys(text: str, *, now: float = 0.0) -> dict[str, ApiKey]:
     """`GATEWAY_API_KEYS` (`name=key,name2=key2`) as keys by digest (no limits).
 
     Raises:
-        ValueError: an entry is not `name=key`.
+        ValueError: an entry is not `name=key` (see `config.static_key_entries`).
     """
     keys: dict[str, ApiKey] = {}
-    for entry in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, secret = entry.partition("=")
-        if not sep or not name.strip() or len(secret.strip()) < 8:
-            raise ValueError("entries must be name=key, the key at least 8 characters")
-        check_key_name(name.strip())
-        key_digest = digest(secret.strip())
-        keys[key_digest] = ApiKey(name=name.strip(), id=f"static:{name.strip()}", digest=key_digest, created_at=now)
+    for name, secret in static_key_entries(text):
+        key_digest = digest(secret)
+        keys[key_digest] = ApiKey(name=name, id=f"static:{name}", digest=key_digest, created_at=now)
     return keys
 
 

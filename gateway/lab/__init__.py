@@ -4,6 +4,7 @@
 - `loadtest`: concurrent streams with precise latency, silence and server CPU/RSS figures (`gateway loadtest`).
 - `bench`: the standard scenarios side by side in one run (`gateway bench`, `just bench`).
 - `llamacpp`: llama.cpp (xllamacpp) with SmolLM2-135M, for the demo and end-to-end tests.
+- `fdlimit`: the open-file limit every lab command raises before opening thousands of sockets.
 """
 
 __all__ = ["client_host"]

@@ -7,7 +7,7 @@ all measured in the same run.  Results also go to `bench-results/` as JSON
 and a self-contained HTML page per scenario.
 
 This module only orchestrates: the simulator (`simulator.py`) and the load
-generator (`loadtest.py`) do the work.
+generator (`loadtest/`) do the work.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import json
 import os
 import pathlib
 import platform
-import resource
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from typing import Any
 import httpx2
 import trio
 
+from .fdlimit import raise_fd_limit
 from .loadtest import LoadConfig, LoadReport, cpu_model, run_load
 
 __all__ = ["add_arguments", "main", "run_bench"]
@@ -40,12 +40,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _raise_fd_limit() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 async def _wait_healthy(url: str, process: trio.Process) -> None:
@@ -238,7 +232,7 @@ async def run_bench(
 ) -> Bench:
     """Run every scenario (or `only` one part); returns the bench with its table rows."""
     global PLACEMENT
-    _raise_fd_limit()
+    raise_fd_limit()
     out.mkdir(parents=True, exist_ok=True)
     bench = Bench(out, duration, quick)
     PLACEMENT = Placement.of_this_machine() if pin else Placement(None, None, len(_cores()) or os.cpu_count() or 1)

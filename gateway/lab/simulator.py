@@ -80,6 +80,7 @@ import orjson
 import trio
 
 from . import client_host
+from .fdlimit import raise_fd_limit
 
 __all__ = [
     "FAILURE_KINDS",
@@ -979,21 +980,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=d.seed, help="seed of the per-request random choices")
 
 
-def _raise_fd_limit() -> None:
-    # Thousands of concurrent slow connections need more than the usual 1024 descriptors.
-    try:
-        import resource  # POSIX only
-    except ImportError:
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
-    if soft != resource.RLIM_INFINITY and soft < want:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-        except (ValueError, OSError):
-            pass
-
-
 def main(args: argparse.Namespace) -> int:
     """Serve with the settings in ``args`` (see `add_arguments`) until Ctrl-C; print the URL."""
     try:
@@ -1011,7 +997,7 @@ def main(args: argparse.Namespace) -> int:
     except SimConfigError as exc:
         print(f"simulate-backend: {exc}", file=sys.stderr)
         return 2
-    _raise_fd_limit()
+    raise_fd_limit()
     simulator = Simulator(config)
 
     async def run() -> int:

@@ -3,6 +3,11 @@
 Starts an `MCPManager` as the gateway would, waits until every server is
 ready or has failed (at most `--wait` seconds), prints one table (server,
 type, state, tools, last error) and stops the servers.
+
+Exit status: 0 when every server is ready; 1 when any is not (it failed to
+connect or to list its tools, or was still connecting after `--wait`), the
+table still showing every server; 2 when there is nothing to try (no
+servers file, or one that cannot be read or is invalid).
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
         with open(os.devnull, "w") as devnull:
             statuses = trio.run(_collect, configs, args.wait, devnull)
     print(format_status_table(statuses))
-    return 0
+    return 0 if all(status.state == "ready" for status in statuses) else 1
 
 
 async def _collect(configs: Mapping[str, ServerConfig], wait: float, errlog: TextIO) -> list[ServerStatus]:

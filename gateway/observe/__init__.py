@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..config import Settings
-    from ..turn.engine import TurnOutcome
+    from .outcome import TurnOutcome
 
-__all__ = ["Telemetries", "Telemetry", "build_telemetry", "route_of"]
+__all__ = ["Telemetries", "Telemetry", "build_telemetry", "metrics_page", "route_of"]
 
 log = logging.getLogger("gateway.observe")
 
@@ -194,3 +194,22 @@ def build_telemetry(settings: Settings) -> Telemetry:
     if not parts:
         return Telemetry()
     return parts[0] if len(parts) == 1 else Telemetries(parts)
+
+
+def metrics_page(telemetry: Telemetry, token: str, authorization: str) -> tuple[bytes, str]:
+    """The `/metrics` page (body, content type) for a scraper that sent `authorization`.
+
+    Raises:
+        Unauthorized: `METRICS_TOKEN` is set and the scraper did not send it.
+        NotFound: no metrics are kept (`METRICS_ENABLED=false`).
+    """
+    import hmac
+
+    from ..errors import NotFound, Unauthorized
+
+    if token and not hmac.compare_digest(authorization, f"Bearer {token}"):
+        raise Unauthorized("/metrics needs its token: Authorization: Bearer <METRICS_TOKEN>.")
+    page = telemetry.exposition()
+    if page is None:
+        raise NotFound("No metrics are kept.", code="unknown_url")
+    return page

@@ -37,7 +37,7 @@ from . import Telemetry
 
 if TYPE_CHECKING:
     from ..config import Settings
-    from ..turn.engine import TurnOutcome
+    from .outcome import TurnOutcome
 
 __all__ = ["OTHER", "PrometheusTelemetry", "shared_across_workers"]
 
@@ -274,7 +274,7 @@ class PrometheusTelemetry(Telemetry):
         key = self._key(outcome.key)
         transport = outcome.transport
         # A turn cut short by its client never reached a status of its own.
-        status = "client_left" if outcome.client_left and outcome.status == "in_progress" else outcome.status
+        status = outcome.final_status
         self._responses(model, status, key, transport).inc()
         started = outcome.started
         if outcome.first_event_at is not None:

@@ -33,7 +33,7 @@ from . import Telemetry
 
 if TYPE_CHECKING:
     from ..config import Settings
-    from ..turn.engine import TurnOutcome
+    from .outcome import TurnOutcome
 
 __all__ = ["OpenTelemetryTracing", "traces_url"]
 
@@ -106,7 +106,7 @@ class OpenTelemetryTracing(Telemetry):
         usage = outcome.usage or {}
         for name, value in (
             ("gateway.response_id", outcome.response_id),
-            ("gateway.response.status", outcome.status),
+            ("gateway.response.status", outcome.final_status),
             ("gen_ai.request.model", outcome.model),
             ("gen_ai.usage.input_tokens", usage.get("input_tokens")),
             ("gen_ai.usage.output_tokens", usage.get("output_tokens")),

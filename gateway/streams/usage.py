@@ -88,11 +88,25 @@ class UsageMeter:
                 self._usage.pop("total_tokens", None)
 
     @property
+    def usage(self) -> dict[str, int] | None:
+        """The usage the body reported, as `input_tokens`, `output_tokens` and `total_tokens` (None
+        when it reported none, so far)."""
+        found = self._usage if self.events else _json_usage(bytes(self._tail))
+        total = usage_tokens(found) if found else None
+        if total is None or not isinstance(found, dict):
+            return None
+        given = lambda *names: next((found[n] for n in names if _count(found.get(n))), 0)  # noqa: E731
+        return {
+            "input_tokens": int(given("prompt_tokens", "input_tokens")),
+            "output_tokens": int(given("completion_tokens", "output_tokens")),
+            "total_tokens": total,
+        }
+
+    @property
     def tokens(self) -> int | None:
         """The tokens the body reported, or None when it reported none (so far)."""
-        if self.events:
-            return usage_tokens(self._usage) if self._usage else None
-        return usage_tokens(_json_usage(bytes(self._tail)))
+        usage = self.usage
+        return usage["total_tokens"] if usage is not None else None
 
 
 def _json_usage(tail: bytes) -> Any:

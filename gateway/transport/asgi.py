@@ -1,70 +1,32 @@
-"""Streamed bodies on ASGI: the one way a deferred-head body is written, and the hot route's helpers.
+"""Writing a transport's body on ASGI: the one way every body reaches a client.
 
-`send_body` writes a `DeferredHeadBody` (its status and headers once
-decided, then every write, then the end) to an ASGI `send`; Quart's
-response path and the hot route both use it.
+    send_body     a `DeferredHeadBody` (its status and headers once decided,
+                  then every write, then the end) on an ASGI `send`
+    stream        the same, ended at once when the client disconnects (the
+                  Responses route, served beside the framework)
+    as_response   the same body as a Quart response, and `BodyConnection`,
+                  the Quart connection class that writes it with `send_body`
 
-The hot route takes `POST /v1/responses` with `"stream": true` beside the
-framework: no request or response objects, no request context, no
-second task to read a body that has already been read.  It only ever
-takes a request whole: `read_body` keeps the messages it read, and a
-request the route does not serve (a JSON or background response, a body
-over the limit or one that does not parse) goes to Quart with those
-messages replayed (`replay`), so that its errors and behaviour stay in
-one place.  While a stream runs, `stream` watches for the client leaving
-and then ends it, as Quart does.
+This is the one bridge between the transports and Quart: a route returns
+`as_response(body)`, and Quart's response path hands the body back here.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import trio
+from quart import Response
+from quart_trio.asgi import TrioASGIHTTPConnection
 
 from .sse import DeferredHeadBody, EventChannelBody
 
-__all__ = ["read_body", "replay", "send_body", "stream"]
+__all__ = ["BodyConnection", "as_response", "send_body", "stream"]
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-
-async def read_body(receive: Receive, limit: int, timeout: float) -> tuple[list[Message], bytes | None]:
-    """The request's messages as read, and its body; None for the body when it
-    passed `limit` bytes, the client left, or it did not arrive within `timeout`
-    (the rest is left unread)."""
-    messages: list[Message] = []
-    parts: list[bytes] = []
-    size = 0
-    with trio.move_on_after(timeout):
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                return messages, None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                return messages, None
-            parts.append(chunk)
-            if not message.get("more_body", False):
-                return messages, parts[0] if len(parts) == 1 else b"".join(parts)
-    return messages, None
-
-
-def replay(messages: list[Message], receive: Receive) -> Receive:
-    """A `receive` that gives `messages` again, then the server's own."""
-    pending = deque(messages)
-
-    async def replayed() -> Message:
-        if pending:
-            return pending.popleft()
-        return await receive()
-
-    return replayed
 
 
 async def send_body(body: DeferredHeadBody, send: Send) -> None:
@@ -97,3 +59,22 @@ async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
+
+
+def as_response(body: DeferredHeadBody) -> Response:
+    """A Quart response carrying `body`, for `BodyConnection` to write (status and headers as it decides)."""
+    response: Any = Response(status=200)
+    response.response = body
+    response.timeout = None  # long streams are never cut by the framework
+    return response
+
+
+class BodyConnection(TrioASGIHTTPConnection):
+    """Quart's HTTP connection, writing a transport's body with `send_body` (Quart's own otherwise)."""
+
+    async def _send_response(self, send: Any, response: Any) -> None:
+        body = getattr(response, "response", None)
+        if isinstance(body, DeferredHeadBody):
+            await send_body(body, send)
+        else:
+            await super()._send_response(send, response)

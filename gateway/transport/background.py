@@ -37,7 +37,7 @@ from typing import Any
 
 import trio
 
-from ..errors import InternalError, StoreUnavailable
+from ..errors import ShuttingDown, StoreUnavailable
 from ..store import ResponseStore, StoredResponse
 from ..store.base import OwnerView, save_retrying
 from ..streams.translator import cancel_recorded, ends_with_terminal, fail_recorded
@@ -174,11 +174,11 @@ class BackgroundRunner:
         """Store the queued response, then run it; returns at once.
 
         Raises:
-            InternalError: the runner is not running (the app is shutting down).
+            ShuttingDown: the runner is not running (the app is shutting down).
             StoreUnavailable: the queued response could not be stored.
         """
         if self._nursery is None:
-            raise InternalError("The gateway is shutting down; background responses cannot start.")
+            raise ShuttingDown.refusal()
         record = turn.record([], queued_snapshot(turn.response))
         record.lease_until = self._clock() + self._lease
         await save_retrying(self._store, record, within=self._retry)
@@ -207,6 +207,7 @@ class BackgroundRunner:
                 # Cancelled (by the client, another instance or shutdown): say so, to the
                 # followers here and in the record.
                 ending = cancel_recorded(turn.response, job.events)
+                turn.outcome.status = "cancelled"
                 with trio.CancelScope(shield=True), trio.move_on_after(self._retry + 5):
                     try:
                         instead = await self._store_end(job, turn.record([*job.events, *ending], dict(turn.response)))

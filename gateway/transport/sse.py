@@ -18,24 +18,21 @@ into bytes and decide nothing about the protocol.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
 
 import orjson
 import trio
-from quart.wrappers.response import ResponseBody
 
-from ..drain import Drain
-from ..errors import error_json
+from ..render import answer
 from ..observe import Telemetry
-from ..streams.chat_session import ChatSession
 from ..streams.sse import encode_comment, encode_done, encode_event
-from ..turn import Turn, TurnOutcome, note_chat_chunks, run_rounds
-from ..turn.tools import RequestTools
+from ..turn import Turn
+from ..turn.chat import ChatTurn
 from .heartbeats import Heartbeats, Ticket
 
-__all__ = ["SSE_HEADERS", "ChatCompletionStream", "DeferredHeadBody", "EventChannelBody", "TurnEventStream"]
+__all__ = ["SSE_HEADERS", "ChatEventStream", "DeferredHeadBody", "EventChannelBody", "TurnEventStream", "send_soon"]
 
 log = logging.getLogger("gateway.sse")
 _COMMENT = encode_comment()  # the keep-alive of a quiet stream
@@ -45,19 +42,27 @@ SSE_HEADERS = {
     "cache-control": "no-cache",
     "x-accel-buffering": "no",
 }
-_JSON_HEADERS = {"content-type": "application/json"}
 # How long a stream's status may wait for the backend's first answer: an
 # error status it gives by then (unknown model, context too long) is passed
 # on as that status; later, the stream is committed.
 _MAX_HEAD_WAIT = 1.0
 
 
-class DeferredHeadBody(ResponseBody):
-    """A response body that decides its status and headers after starting.
+class DeferredHeadBody:
+    """A response body that decides its status and headers after starting: every transport's body.
 
-    The HTTP layer enters the body, awaits `head()` and only then sends the
-    status line: the body may first wait (bounded) for its upstream's answer.
+    The HTTP layer enters the body (`async with`), awaits `head()` and only
+    then sends the status line, then every write it iterates: the body may
+    first wait (bounded) for its upstream's answer, or run a turn to its end.
     """
+
+    async def __aenter__(self) -> DeferredHeadBody:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        pass
 
     async def head(self) -> tuple[int, dict[str, str]]:
         raise NotImplementedError
@@ -245,9 +250,9 @@ class TurnEventStream(EventChannelBody):
             await self.turn.answered.wait()
         rejection = self.turn.rejection
         if rejection is not None:
-            self._json_error = error_json(rejection)
-            self.turn.outcome.http_status = rejection.status
-            return rejection.status, dict(_JSON_HEADERS)
+            status, self._json_error, headers = answer(rejection)
+            self.turn.outcome.http_status = status
+            return status, headers
         return 200, dict(SSE_HEADERS)
 
     async def __anext__(self) -> bytes:
@@ -267,75 +272,33 @@ class TurnEventStream(EventChannelBody):
         self.turn.observe()
 
 
-class ChatCompletionStream(EventChannelBody):
-    """A streamed `/v1/chat/completions` body with the gateway's tool loop.
+class ChatEventStream(EventChannelBody):
+    """A streamed `/v1/chat/completions` body: one chat turn, its chunks as SSE, then `[DONE]`.
 
     Heartbeats are SSE comments, so clients wait through tool rounds.
     """
 
-    def __init__(
-        self,
-        session: ChatSession,
-        *,
-        backend: Any,
-        tools: RequestTools,
-        heartbeats: Heartbeats,
-        call_timeout: float,
-        concurrency: int,
-        telemetry: Telemetry,
-        on_close: Callable[[], Awaitable[None]] | None = None,
-        drain: Drain | None = None,
-        outcome: TurnOutcome | None = None,
-        admit_round: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
-    ) -> None:
-        """`on_close` runs once the body is done (to give back a stream slot, count tokens);
-        `outcome` is timed as chunks go out; `admit_round` as for `run_rounds`."""
-        super().__init__(heartbeats, telemetry)
-        self._admit_round = admit_round
-        self._outcome = outcome
-        self._on_close = on_close
-        self._drain = drain or Drain()
-        self._session = session
-        self._backend = backend
-        self._tools = tools
-        self._call_timeout = call_timeout
-        self._concurrency = concurrency
+    def __init__(self, turn: ChatTurn, *, heartbeats: Heartbeats) -> None:
+        super().__init__(heartbeats, turn.resources.telemetry)
+        self.turn = turn
 
     async def head(self) -> tuple[int, dict[str, str]]:
         return 200, dict(SSE_HEADERS)
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            await super().__aexit__(exc_type, exc, tb)
-        finally:
-            if self._on_close is not None:
-                await self._on_close()
-
     async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
-        outcome = self._outcome
-
         async def emit(chunks: list[dict[str, Any]]) -> None:
-            if chunks:
-                if outcome is not None:
-                    note_chat_chunks(outcome, chunks)
-                await send_soon(out, b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks]))
+            await send_soon(out, b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks]))
 
-        with self._drain.stoppable() as stop:
-            await run_rounds(
-                self._session,
-                self._backend,
-                emit,
-                self._tools,
-                call_timeout=self._call_timeout,
-                concurrency=self._concurrency,
-                telemetry=self._telemetry,
-                admit_round=self._admit_round,
-            )
-        if stop.cancelled_caught:
-            await emit(self._session.fail("server_shutting_down", "The gateway shut down before the answer finished."))
+        await self.turn.run(emit)
         await out.send(encode_done())
+
+    def closed(self) -> None:
+        outcome = self.turn.outcome
+        outcome.client_left = outcome.client_left or self.client_left
+        if self.first_write_at is not None:
+            outcome.first_event_at = self.first_write_at
+            outcome.finished_at = trio.current_time()
+        self.turn.observe()
 
 
 async def send_soon(channel: trio.MemorySendChannel[Any], value: Any) -> None:

@@ -1,11 +1,31 @@
 """The turn: one response, from a parsed request to its stored end.
 
-    engine.py   `prepare_turn`, `Turn.run`, `run_rounds`: the one path every
-                transport (SSE, JSON, WebSocket, background) runs
-    tools.py    which gateway tools a turn offers (configured and hosted
-                MCP servers), and how their calls run
+    engine.py        `prepare_turn`, `Turn.run`, `run_rounds`: the one path every
+                     Responses transport (SSE, JSON, WebSocket, background) runs
+    chat.py          `/v1/chat/completions` as a turn of the same shape
+    compact.py       compaction: a conversation summarised into a sealed item
+    relay.py         a request relayed as it is (`/v1/{path}`, plain chat
+                     completions): the key's checks, its reservation, its outcome
+    plan.py          a Responses request as a Chat Completions request (pure)
+    conversation.py  `previous_response_id` and item references resolved
+    tools.py         which gateway tools a turn offers, and how their calls run
+
+The engine's names are loaded when first used, so that importing the pure
+planner does not load trio or the backends.
 """
 
-from .engine import Emit, Resources, Session, Turn, TurnOutcome, note_chat_chunks, prepare_turn, report_outcome, run_rounds
+from __future__ import annotations
 
-__all__ = ["Emit", "Resources", "Session", "Turn", "TurnOutcome", "note_chat_chunks", "prepare_turn", "report_outcome", "run_rounds"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the type checker sees the names; at run time they load on first use
+    from .engine import Emit, Resources, Session, Turn, prepare_turn, report_outcome, run_rounds
+
+__all__ = ["Emit", "Resources", "Session", "Turn", "prepare_turn", "report_outcome", "run_rounds"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module(".engine", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

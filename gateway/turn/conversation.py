@@ -19,6 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 from ..errors import InvalidRequest, NotFound
 from ..store import StoredResponse
 from ..wire import CreateResponseRequest, InputItem, ItemReference
+from .plan import results_without_calls
 
 __all__ = ["Prepared", "Records", "check_outputs_answer_calls", "input_item_records", "prepare", "record_for", "to_wire"]
 
@@ -80,31 +81,32 @@ async def prepare(store: Records | None, req: CreateResponseRequest, ids: Callab
     return Prepared(history=to_wire(history), input=wire, input_records=resolved)
 
 
-_CALLS = {"function_call", "custom_tool_call"}
-_OUTPUTS = {"function_call_output", "custom_tool_call_output"}
-
-
 def check_outputs_answer_calls(prepared: Prepared) -> None:
     """In a continuation, every tool output must answer a call the conversation made.
 
-    Stateless clients replay whole histories, and an output whose call was
-    dropped is repaired for them (see plan); with `previous_response_id`
-    the gateway holds the chain, so such an output is a mistake, refused as
-    OpenAI refuses it.
+    Outputs are matched to calls by position, as the planner matches them
+    (`plan.results_without_calls`): a backend that numbers call ids per
+    response makes `call_0` in every turn, so an id the chain has may still
+    name no call waiting for this output.  Stateless clients replay whole
+    histories, and an output whose call was dropped is repaired for them (see
+    plan); with `previous_response_id` the gateway holds the chain, so such
+    an output is a mistake, refused as OpenAI refuses it.  A duplicate (the
+    same output again) is not refused: the planner drops it.
 
     Raises:
-        InvalidRequest: an output names a call id that no call in the chain
-            or the input has.
+        InvalidRequest: an output of the input answers no call in the chain
+            or the input.
     """
-    items = [item if isinstance(item, dict) else item.model_dump() for item in [*prepared.history, *prepared.input]]
-    made = {str(data.get("call_id")) for data in items if data.get("type") in _CALLS}
-    for index, item in enumerate(prepared.input):
-        data = item if isinstance(item, dict) else item.model_dump()
-        if data.get("type") in _OUTPUTS and str(data.get("call_id")) not in made:
-            raise InvalidRequest(
-                f"No tool call found for function call output with call_id {data.get('call_id')}.",
-                param=f"input[{index}]",
-            )
+    offset = len(prepared.history)
+    for position in results_without_calls([*prepared.history, *prepared.input]):
+        if position < offset:
+            continue  # the chain's own history, repaired as a stateless one is
+        data = prepared.input[position - offset]
+        data = data if isinstance(data, dict) else data.model_dump()
+        raise InvalidRequest(
+            f"No tool call found for function call output with call_id {data.get('call_id')}.",
+            param=f"input[{position - offset}]",
+        )
 
 
 async def _chain(store: Records | None, response_id: str) -> list[dict[str, Any]]:

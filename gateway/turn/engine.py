@@ -13,8 +13,8 @@
                    transport's `emit` as it is produced; the response is
                    stored before its terminal event; whatever fails, exactly
                    one terminal event ends the stream.
-    TurnOutcome    status, model, usage, timings and error, handed to the
-                   observers (the request log line) when the turn ends.
+    report_outcome how a response went (`observe.outcome.TurnOutcome`), to
+                   telemetry and the log line, once its transport is done.
 
 `run_rounds` is the one loop that drives a session (Responses events, or
 chat chunks for `/v1/chat/completions`) through backend rounds and tool
@@ -37,6 +37,7 @@ from ..config import Settings
 from ..drain import Drain
 from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot, token_reservation
 from ..observe import Telemetry
+from ..observe.outcome import TurnOutcome, log_outcome
 from ..errors import (
     BackendStatusError,
     BackendStreamError,
@@ -62,11 +63,13 @@ from .tools import (
     check_hosted,
     hosted_specs,
     listed_tool,
+    offer_configured,
+    offers_gateway_tools,
     open_hosted,
     run_calls,
 )
 
-__all__ = ["Emit", "Resources", "Session", "Turn", "TurnOutcome", "prepare_turn", "run_rounds"]
+__all__ = ["Emit", "Resources", "Session", "Turn", "prepare_turn", "report_outcome", "run_rounds"]
 
 log = logging.getLogger("gateway.turn")
 
@@ -85,7 +88,6 @@ class Resources:
     sealer: Sealer
     clock: Callable[[], float]
     ids: Callable[[str], str]
-    observers: list[Callable[[TurnOutcome], None]] = field(default_factory=list)
     telemetry: Telemetry = field(default_factory=Telemetry)
     limiter: Limiter = field(default_factory=lambda: Limiter(None))
     drain: Drain = field(default_factory=Drain)
@@ -100,27 +102,6 @@ class Resources:
             return value if value is not None and value.get("owner") == owner else None
 
         return TranslateOptions(open_sealed=open_sealed)
-
-
-@dataclass
-class TurnOutcome:
-    """How one turn went, for the log line, the limits and the metrics."""
-
-    response_id: str
-    model: str
-    transport: str
-    started: float  # trio time
-    key: str | None = None  # the API key's name, when keys are configured
-    request_id: str | None = None
-    status: str = "in_progress"
-    http_status: int = 200
-    first_event_at: float | None = None
-    first_token_at: float | None = None  # the first generated delta
-    finished_at: float | None = None
-    usage: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    rounds: int = 0
-    client_left: bool = False
 
 
 class Session(Protocol):
@@ -159,6 +140,7 @@ async def run_rounds(
     on_answer: Callable[[GatewayError | None], None] | None = None,
     telemetry: Telemetry | None = None,
     admit_round: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+    outcome: TurnOutcome | None = None,
 ) -> GatewayError | None:
     """Drive `session` through backend rounds and the gateway's tool calls until it is done.
 
@@ -168,7 +150,8 @@ async def run_rounds(
     answer (None) or failure before anything of it is emitted.
     `admit_round` is asked before every round after the first (a tool
     loop's next backend call) and may refuse it with a `GatewayError`,
-    which ends the session the same way.
+    which ends the session the same way.  `outcome` hears which backend
+    answered each round.
     """
     telemetry = telemetry or _NO_TELEMETRY
     failure: GatewayError | None = None
@@ -182,7 +165,7 @@ async def run_rounds(
                 return error
         first = False
         with telemetry.span("backend round", round=getattr(session, "rounds", 0)):
-            failure = await _run_round(session, backend, emit, on_answer, telemetry) or failure
+            failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome) or failure
         if session.calls:
 
             async def report(call: RoundCall, outcome: ToolOutcome) -> None:
@@ -204,9 +187,12 @@ async def _run_round(
     emit: Callable[[list[Any]], Awaitable[None]],
     on_answer: Callable[[GatewayError | None], None] | None,
     telemetry: Telemetry,
+    outcome: TurnOutcome | None,
 ) -> GatewayError | None:
     try:
         async with backend.open_chat_stream(session.request, headers=telemetry.trace_headers()) as stream:
+            if outcome is not None:
+                outcome.backend = getattr(stream, "backend", None)
             if on_answer is not None:
                 on_answer(None)
             eager_until = trio.current_time() + _EAGER_TIME
@@ -256,29 +242,10 @@ def _slices(batch: list[Any]) -> Iterator[list[Any]]:
         size *= 2
 
 
-def note_chat_chunks(outcome: TurnOutcome, chunks: list[dict[str, Any]]) -> None:
-    """Time the first chunk and the first generated text of a chat completion (until both are seen)."""
-    if not chunks or outcome.first_token_at is not None:
-        return
-    now = trio.current_time()
-    if outcome.first_event_at is None:
-        outcome.first_event_at = now
-    for chunk in chunks:
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
-                outcome.first_token_at = now
-                return
-
-
 def report_outcome(resources: Resources, outcome: TurnOutcome) -> None:
-    """A response (or chat completion) ended: tell telemetry and the observers (the log line)."""
+    """A response (or chat completion, or relayed generation) ended: count it and log its line."""
     resources.telemetry.turn_finished(outcome)
-    for observer in resources.observers:
-        try:
-            observer(outcome)
-        except Exception:
-            log.debug("an outcome observer failed", exc_info=True)
+    log_outcome(outcome, trio.current_time())
 
 
 # --- preparing a turn ----------------------------------------------------------------------
@@ -489,10 +456,11 @@ class Turn:
                         on_answer=self._on_answer,
                         telemetry=self.resources.telemetry,
                         admit_round=self._admit_round,
+                        outcome=self.outcome,
                     )
                     self._note_failure(failure)
             if stop.cancelled_caught and not session.done:
-                stopping = ShuttingDown("The gateway shut down before the response finished; send it again.")
+                stopping = ShuttingDown.stopped()
                 self._note_failure(stopping)
                 await hold_terminal(session.fail(stopping.code or "server_shutting_down", stopping.message))
         except GatewayError as error:
@@ -600,13 +568,11 @@ class Turn:
                 events += self.translator.list_tools(
                     listing.spec.server_label, [listed_tool(t) for t in listing.tools], listing.error
                 )
-        if self._gateway_tools and resources.mcp is not None:
-            taken = {t["function"]["name"] for t in plan.body.get("tools", ())} | set(tools.routes)
-            limits = self.caller.limits
-            for tool in resources.mcp.tools():
-                if tool.name not in taken and limits.allows_server(tool.server):
-                    tools.add(resources.mcp, tool)
-        if tools.routes and plan.allowed_tools is None:
+        offered = offers_gateway_tools(self.req.tool_choice)
+        if self._gateway_tools and offered:
+            taken = {t["function"]["name"] for t in plan.body.get("tools", ())}
+            offer_configured(tools, resources.mcp, taken=taken, limits=self.caller.limits)
+        if tools.routes and offered:
             plan.body.setdefault("tools", []).extend(tools.chat_tools)
             self.translator.set_gateway_tools(tools.routes, tools.approval)
             if self.req.tool_choice == "required":  # the gateway's tools are the ones to choose from

@@ -30,7 +30,7 @@ from ..wire import (
     Refusal,
 )
 
-__all__ = ["ChatPlan", "ToolKind", "TranslateOptions", "flat_name", "plan_chat_request"]
+__all__ = ["ChatPlan", "ToolKind", "TranslateOptions", "flat_name", "plan_chat_request", "results_without_calls"]
 
 log = logging.getLogger("gateway.plan")
 
@@ -225,7 +225,6 @@ class _MessageBuilder:
         self.messages: list[dict[str, Any]] = []
         self.pending_reasoning: list[str] = []
         self.pending_signature: str | None = None
-        self.call_owner: dict[str, dict[str, Any]] = {}  # call_id -> assistant message
 
     def _take_reasoning(self, message: dict[str, Any]) -> None:
         if self.pending_reasoning and self.options.forward_reasoning_content:
@@ -261,7 +260,6 @@ class _MessageBuilder:
             target = {"role": "assistant", "content": None, "tool_calls": [call]}
             self._take_reasoning(target)
             self.messages.append(target)
-        self.call_owner[item.call_id] = target
 
     def function_call_output(self, item: FunctionCallOutputItem, param: str) -> None:
         output = item.output if isinstance(item.output, str) else _text_of_parts(item.output, param)
@@ -291,7 +289,6 @@ class _MessageBuilder:
         target.setdefault("tool_calls", []).append(
             {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
         )
-        self.call_owner[call_id] = target
         error = data.get("error")
         output = data.get("output")
         content = f"Error: {error}" if error else (output if isinstance(output, str) else orjson.dumps(output).decode())
@@ -324,51 +321,162 @@ class _MessageBuilder:
         self.messages.append({"role": "system", "content": f"Summary of the conversation so far:\n{sealed.get('summary', '')}"})
 
     def finish(self) -> list[dict[str, Any]]:
-        messages: list[dict[str, Any]] = []
-        for message in self.messages:
-            if message["role"] == "tool":
-                call_id = message["tool_call_id"]
-                name = message.pop("_name", None)
-                if call_id not in self.call_owner:
-                    # A result for a call the input never shows (the call was
-                    # made in an earlier, unstored turn): give the backend the
-                    # call it needs for the tool message to be valid.
-                    synthetic = {
-                        "role": "assistant",
-                        "content": None,
-                        "tool_calls": [
-                            {"id": call_id, "type": "function", "function": {"name": name or "function", "arguments": "{}"}}
-                        ],
-                    }
-                    self.call_owner[call_id] = synthetic
-                    messages.append(synthetic)
-            messages.append(message)
-        return _order_tool_results(messages)
+        return _place_tool_results(self.messages)
 
 
-def _order_tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Place each tool result right after the assistant message that made the call.
+# --- pairing tool results with their calls -------------------------------------------
 
-    Stateless clients replay history in their own order; strict backends
-    reject a tool message that does not follow its `tool_calls`.  Duplicate
-    results for one call keep the first.
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One step of a conversation as the pairing sees it."""
+
+    kind: str  # "call" | "result" | "other" (anything else that breaks a run of results)
+    call_id: str = ""
+    content: Any = None
+
+
+@dataclass(slots=True)
+class _Pairs:
+    answers: dict[int, int]  # result entry -> the call entry it answers
+    missing: list[int]  # results whose call the conversation lacks; any other result is a duplicate
+
+
+def _pair(entries: Sequence[_Entry]) -> _Pairs:
+    """Match tool results to calls by position, since an id alone may name several calls.
+
+    Backends that number ids per response (llama.cpp's `call_0` in every
+    turn) reuse one id across turns.  A result answers the nearest earlier
+    call with its id that nothing has answered yet.  A result left over is,
+    in this order: a duplicate if it repeats word for word a result kept for
+    its id (a resent input); the answer to the first unanswered call with
+    its id after it (listed before its call); a duplicate if a result for its
+    id is already kept in the same run of results (a second answer to one
+    call: the first stands); otherwise a result whose call is missing.
     """
-    results: dict[str, dict[str, Any]] = {}
-    for message in messages:
+    answers: dict[int, int] = {}
+    calls: dict[str, list[int]] = {}
+    unanswered: dict[str, list[int]] = {}  # calls so far with no result, by id, oldest first
+    run_of: dict[int, int] = {}  # result -> where its run of consecutive results starts
+    left: list[int] = []
+    run = 0
+    for index, entry in enumerate(entries):
+        if entry.kind != "result":
+            run = index + 1
+            if entry.kind == "call":
+                calls.setdefault(entry.call_id, []).append(index)
+                unanswered.setdefault(entry.call_id, []).append(index)
+            continue
+        run_of[index] = run
+        waiting = unanswered.get(entry.call_id)
+        if waiting:
+            answers[index] = waiting.pop()
+        else:
+            left.append(index)
+    if not left:
+        return _Pairs(answers, [])
+    answered = set(answers.values())
+    kept: dict[str, list[int]] = {}
+    for index in answers:
+        kept.setdefault(entries[index].call_id, []).append(index)
+    missing: list[int] = []
+    for index in left:
+        entry = entries[index]
+        same_id = kept.setdefault(entry.call_id, [])
+        if any(entries[other].content == entry.content for other in same_id):
+            continue
+        later = next((call for call in calls.get(entry.call_id, ()) if call > index and call not in answered), None)
+        if later is not None:
+            answers[index] = later
+            answered.add(later)
+        elif any(run_of[other] == run_of[index] for other in same_id):
+            continue
+        else:
+            missing.append(index)
+        same_id.append(index)
+    return _Pairs(answers, missing)
+
+
+def _place_tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Place each tool result right after the call it answers (`_pair`), dropping duplicates.
+
+    Strict backends reject a tool message that does not follow its
+    `tool_calls`, and stateless clients replay history in their own order.  A
+    result whose call is missing (made in an earlier, unstored turn) gets a
+    synthetic call right before it, so that the backend can accept it.
+    """
+    entries: list[_Entry] = []
+    slots: list[tuple[int, int]] = []  # entry -> (message position, index in its tool_calls; -1 for the message)
+    names: dict[int, str] = {}  # result message position -> the tool name the client gave
+    for position, message in enumerate(messages):
         if message["role"] == "tool":
-            results.setdefault(message["tool_call_id"], message)
-    if not results:
+            name = message.pop("_name", None)
+            if name is not None:
+                names[position] = name
+            entries.append(_Entry("result", message["tool_call_id"], message["content"]))
+            slots.append((position, -1))
+            continue
+        entries.append(_Entry("other"))
+        slots.append((position, -1))
+        for index, call in enumerate(message.get("tool_calls") or ()):
+            entries.append(_Entry("call", call["id"]))
+            slots.append((position, index))
+    if all(entry.kind != "result" for entry in entries):
         return messages
+    pairs = _pair(entries)
+    answer_to = {slots[call]: messages[slots[result][0]] for result, call in pairs.answers.items()}
+    missing = {slots[result][0] for result in pairs.missing}
     ordered: list[dict[str, Any]] = []
-    for message in messages:
+    for position, message in enumerate(messages):
         if message["role"] == "tool":
+            if position in missing:
+                function = {"name": names.get(position) or "function", "arguments": "{}"}
+                call = {"id": message["tool_call_id"], "type": "function", "function": function}
+                ordered += [{"role": "assistant", "content": None, "tool_calls": [call]}, message]
             continue
         ordered.append(message)
-        for call in message.get("tool_calls") or ():
-            result = results.pop(call["id"], None)
-            if result is not None:
-                ordered.append(result)
+        for index in range(len(message.get("tool_calls") or ())):
+            answer = answer_to.get((position, index))
+            if answer is not None:
+                ordered.append(answer)
     return ordered
+
+
+def _item_entries(items: Sequence[Any]) -> tuple[list[_Entry], list[int]]:
+    """Wire items as the pairing sees them (ids read as `_input_messages` reads them), and each entry's item."""
+    entries: list[_Entry] = []
+    origin: list[int] = []
+    for position, item in enumerate(items):
+        data = item if isinstance(item, dict) else item.model_dump()
+        kind = data.get("type") or "message"
+        if kind == "function_call":
+            found = [_Entry("call", str(data.get("call_id")))]
+        elif kind == "custom_tool_call":
+            found = [_Entry("call", str(data.get("call_id") or data.get("id") or "call"))]
+        elif kind == "function_call_output":
+            found = [_Entry("result", str(data.get("call_id")), data.get("output"))]
+        elif kind == "custom_tool_call_output":
+            found = [_Entry("result", str(data.get("call_id") or "call"), data.get("output"))]
+        elif kind == "mcp_call":
+            call_id = str(data.get("id") or "mcp_call")
+            found = [_Entry("call", call_id), _Entry("result", call_id, (data.get("error"), data.get("output")))]
+        elif kind in ("message", "compaction"):
+            found = [_Entry("other")]
+        else:
+            found = []  # reasoning and the gateway's records become no message of their own
+        entries += found
+        origin += [position] * len(found)
+    return entries, origin
+
+
+def results_without_calls(items: Sequence[Any]) -> list[int]:
+    """Positions in `items` (wire items or their dicts) of the tool outputs that answer no call.
+
+    The rule is the planner's (see `_pair`): the planner gives each of these
+    a synthetic call; a continuation of a stored conversation refuses them.
+    """
+    entries, origin = _item_entries(items)
+    return [origin[index] for index in _pair(entries).missing]
 
 
 def _assistant_content(content: Any) -> tuple[str, str | None]:

@@ -36,9 +36,10 @@ __all__ = [
     "ToolOutcome",
     "ToolSource",
     "check_hosted",
-    "gateway_tools_enabled",
     "hosted_specs",
     "listed_tool",
+    "offer_configured",
+    "offers_gateway_tools",
     "open_hosted",
     "run_calls",
 ]
@@ -151,9 +152,22 @@ async def run_calls(
                 await on_result(call, outcome)
 
 
-def gateway_tools_enabled(flag: Any, header: str = "") -> bool:
-    """Whether a request accepts the gateway's tools: `"gateway_tools": false|"none"` or `x-gateway-tools: none` opt out."""
-    return flag not in (False, "none") and header.lower() not in ("none", "off", "false")
+def offers_gateway_tools(tool_choice: Any) -> bool:
+    """The one rule, for Responses and chat completions alike: whether a request's `tool_choice`
+    leaves the model free to call the gateway's tools.  Not when it says `none`, forces one of
+    the client's own functions, or restricts the choice to a list (`allowed_tools`, in either
+    API's shape); `auto`, `required`, or no choice at all: yes."""
+    return tool_choice is None or tool_choice in ("auto", "required")
+
+
+def offer_configured(tools: RequestTools, source: ToolSource | None, *, taken: set[str], limits: KeyLimits) -> None:
+    """Add the configured MCP servers' tools the key may use to `tools`, except names the
+    request's own functions take (its own function wins: calls to that name go back to it)."""
+    if source is None:
+        return
+    for tool in source.tools():
+        if tool.name not in taken and tool.name not in tools.routes and limits.allows_server(tool.server):
+            tools.add(source, tool)
 
 
 # --- the hosted `mcp` tool ---------------------------------------------------------------

@@ -1,0 +1,145 @@
+"""JSON answers: a body whose status and bytes are known once something has run to its end.
+
+    JsonBody       a JSON answer already decided (an object, or an error)
+    JsonAnswer     one decided by awaiting a producer (a turn run to its end)
+                   before the head is sent
+    run_to_end     a Responses turn without streaming: its final response, or
+                   the error a JSON answer carries
+    turn_answer, chat_answer, compaction_answer
+                   a Responses turn, a chat turn, a compaction turn answered
+                   as JSON (the outcome's HTTP status is the one sent)
+
+Both are `DeferredHeadBody`s, written by `asgi.send_body` however they are
+served (the Responses route, or a Quart route).  Errors become bytes in
+`gateway.render`; nothing here decides the protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import trio
+
+from ..errors import BackendStreamError, GatewayError
+from ..render import answer
+from ..streams.chat_session import collect_chat_completion
+from ..turn import Resources, Turn
+from ..turn.chat import ChatTurn
+from ..turn.compact import compact
+from .sse import DeferredHeadBody
+
+__all__ = ["JsonAnswer", "JsonBody", "chat_answer", "compaction_answer", "run_to_end", "turn_answer"]
+
+Answer = tuple[int, bytes, dict[str, str]]
+_JSON = {"content-type": "application/json"}
+
+
+class JsonAnswer(DeferredHeadBody):
+    """A JSON answer decided by `produce` (run to its end before the head is sent)."""
+
+    def __init__(self, produce: Callable[[], Awaitable[Answer]]) -> None:
+        self._produce = produce
+        self._body: bytes | None = None
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        status, self._body, headers = await self._produce()
+        return status, {**headers, "content-length": str(len(self._body))}
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._once()
+
+    async def _once(self) -> AsyncIterator[bytes]:
+        if self._body:
+            yield self._body
+
+
+class JsonBody(JsonAnswer):
+    """A JSON answer already decided: an object or bytes (`status`, 200 by default)."""
+
+    def __init__(self, value: Any, status: int = 200) -> None:
+        decided: Answer = (status, value if isinstance(value, bytes) else orjson.dumps(value), _JSON)
+
+        async def produce() -> Answer:
+            return decided
+
+        super().__init__(produce)
+
+
+async def run_to_end(turn: Turn) -> dict[str, Any]:
+    """A Responses turn without streaming: its final response, or the error the JSON answer carries.
+
+    Raises:
+        GatewayError: the backend refused (its 4xx), failed or timed out, or
+            the response could not be stored.
+    """
+
+    async def ignore(events: list[dict[str, Any]]) -> None:
+        pass
+
+    try:
+        await turn.run(ignore)
+    except trio.Cancelled:
+        turn.outcome.client_left = True
+        turn.observe()
+        raise
+    error = turn.rejection or turn.error_for_json()
+    if error is not None:
+        turn.outcome.http_status = error.status
+    turn.observe()
+    if error is not None:
+        raise error
+    return turn.response
+
+
+def turn_answer(turn: Turn, where: str = "") -> JsonAnswer:
+    """A Responses turn answered as JSON: the final response, or its error (`where`: the request,
+    for the log line of a 5xx)."""
+
+    async def produce() -> Answer:
+        try:
+            return 200, orjson.dumps(await run_to_end(turn)), _JSON
+        except GatewayError as error:
+            return answer(error, where)
+
+    return JsonAnswer(produce)
+
+
+def chat_answer(turn: ChatTurn, where: str = "") -> JsonAnswer:
+    """A chat turn answered as JSON: the `chat.completion` its chunks add up to, or its error."""
+
+    async def produce() -> Answer:
+        chunks: list[dict[str, Any]] = []
+
+        async def collect(batch: list[dict[str, Any]]) -> None:
+            chunks.extend(batch)
+
+        try:
+            await turn.run(collect)
+        except trio.Cancelled:
+            turn.observe()
+            raise
+        errors = [chunk["error"] for chunk in chunks if "error" in chunk]
+        if errors:
+            failure = turn.failure or BackendStreamError(errors[0]["message"], code=errors[0]["code"])
+            answered = answer(failure, where)
+        else:
+            answered = 200, orjson.dumps(collect_chat_completion(chunks)), _JSON
+        turn.outcome.http_status = answered[0]
+        turn.observe()
+        return answered
+
+    return JsonAnswer(produce)
+
+
+def compaction_answer(resources: Resources, turn: Turn, where: str = "") -> JsonAnswer:
+    """A compaction turn answered as JSON: the `response.compaction` object, or its error."""
+
+    async def produce() -> Answer:
+        try:
+            return 200, orjson.dumps(compact(resources, turn, await run_to_end(turn))), _JSON
+        except GatewayError as error:
+            return answer(error, where)
+
+    return JsonAnswer(produce)

@@ -1,0 +1,179 @@
+"""The byte relay: a relayed request's answer, streamed to the client as the backend sends it.
+
+`PassthroughBody` sends a `Relay` (turn/relay.py) to the backend and
+relays the answer: its status and headers, then its bytes as they come.
+The body is watched as it passes (`UsageMeter`) for the usage it reports,
+which settles the request's reservation and fills in its outcome.  A
+backend that sends no data for its read timeout (`STREAM_TIMEOUT`; in an
+event stream comments and keep-alives are not data) ends the body: an
+event stream with an `error` event (`backend_timeout`) and `[DONE]` after
+the last whole event.  A drain that runs out of time stops it the same way
+(`server_shutting_down`); before the backend answered, the client gets a
+503.  Decides nothing about the protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import TracebackType
+from typing import Any, cast
+
+import trio
+
+from ..backends import PassthroughBackend
+from ..drain import Drain
+from ..errors import BackendTimeout, GatewayError, ShuttingDown, error_json
+from ..render import answer
+from ..streams.sse import encode_done
+from ..streams.usage import UsageMeter
+from ..turn.relay import Relay
+from .sse import DeferredHeadBody
+
+__all__ = ["PassthroughBody"]
+
+log = logging.getLogger("gateway")
+
+
+class PassthroughBody(DeferredHeadBody):
+    """Relays one request to the backend, streaming the answer (see the module docstring)."""
+
+    def __init__(self, backend: PassthroughBackend, relay: Relay, *, drain: Drain | None = None) -> None:
+        self._backend = backend
+        self._relay = relay
+        self._drain = drain
+        self._cm: Any = None
+        self._upstream: Any = None
+        self._error: bytes | None = None
+        self._status = 502
+        self._failed: str | None = None  # the error code the answer ended with
+        self._chunks: Any = None
+        self._meter: UsageMeter | None = None
+        self._events = False  # the answer is an event stream
+        self._read: trio.CancelScope | None = None  # around the read in progress
+        self._stopped = False
+        self._ending = b""  # what an event stream needs before a last event (a blank line)
+        self._data_timeout: float | None = None
+        self._data_at = 0.0  # when data last came
+
+    async def __aenter__(self) -> PassthroughBody:
+        if self._drain is not None:
+            self._drain.track(self)
+        relay = self._relay
+        cm = self._backend.open_passthrough(relay.method, relay.path, relay.query, relay.headers, relay.body)
+        try:
+            with trio.CancelScope() as self._read:
+                if self._stopped:
+                    self._read.cancel()
+                self._upstream = await cm.__aenter__()
+        except GatewayError as error:
+            self._fail_before_answer(error)
+        else:
+            if self._read.cancelled_caught:
+                self._upstream = None
+                self._fail_before_answer(ShuttingDown.stopped())
+                return self
+            self._cm = cm
+            self._chunks = self._upstream.__aiter__()
+            self._events = "text/event-stream" in str(self._upstream.headers.get("content-type", ""))
+            self._meter = UsageMeter(events=self._events)
+            self._data_timeout = getattr(self._upstream, "data_timeout", None)
+            self._data_at = trio.current_time()
+            if relay.outcome is not None:
+                relay.outcome.backend = getattr(self._upstream, "backend_label", None)
+        finally:
+            self._read = None
+        return self
+
+    def _fail_before_answer(self, error: GatewayError) -> None:
+        self._status, self._error, _ = answer(error, f"relaying /v1/{self._relay.path}")
+        self._failed = error.code
+
+    def cancel(self) -> None:
+        """Stop (a drain out of time): the read in progress ends, and so does the body."""
+        self._stopped = True
+        if self._read is not None:
+            self._read.cancel()
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        if self._upstream is None:
+            return self._status, {"content-type": "application/json"}
+        if self._upstream.status >= 500:  # the backend's own answer, passed on: the log says whose
+            log.warning(
+                "relayed /v1/%s: %s answered %d",
+                self._relay.path,
+                getattr(self._upstream, "backend", "the backend"),
+                self._upstream.status,
+            )
+        return self._upstream.status, self._upstream.headers
+
+    def __aiter__(self) -> PassthroughBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._error is not None:
+            answer_bytes, self._error = self._error, None
+            return answer_bytes
+        if self._chunks is None:
+            raise StopAsyncIteration
+        ending: GatewayError | None = None
+        if self._stopped:
+            ending = ShuttingDown.stopped()
+        else:
+            data: bytes | None = None
+            with trio.CancelScope() as self._read:  # cancelled by a drain out of time, or the data deadline
+                if self._data_timeout:
+                    self._read.deadline = self._data_at + self._data_timeout
+                data = await self._next_chunk()
+            self._read = None
+            if data is not None:
+                assert self._meter is not None
+                if self._meter.feed(data):
+                    now = self._data_at = trio.current_time()
+                    if self._relay.outcome is not None:
+                        self._relay.outcome.note_events(now, True)
+                if self._events:
+                    self._ending = b"" if data.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
+                return data
+            if self._stopped:
+                ending = ShuttingDown.stopped()
+            else:
+                log.warning(
+                    "the backend sent no data for %g s on a relayed /v1/%s; the body is ended",
+                    self._data_timeout,
+                    self._relay.path,
+                )
+                ending = BackendTimeout(f"the backend sent no data for {self._data_timeout:g} s")
+        self._chunks = None
+        self._failed = ending.code
+        if not self._events:
+            raise StopAsyncIteration
+        return self._ending + b"data: " + error_json(ending) + b"\n\n" + encode_done()
+
+    async def _next_chunk(self) -> bytes:
+        try:
+            return cast(bytes, await self._chunks.__anext__())
+        except StopAsyncIteration:
+            raise
+        except Exception as error:  # the backend dropped mid-body; nothing more can be said
+            log.warning("passthrough body from the backend was cut (%s)", type(error).__name__)
+            self._failed = "backend_stream_error"
+            raise StopAsyncIteration from None
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if self._drain is not None:
+                self._drain.untrack(self)
+            if self._cm is not None:
+                await self._cm.__aexit__(exc_type, exc, tb)
+        finally:
+            client_left = exc_type is not None and issubclass(exc_type, trio.Cancelled)
+            status = self._upstream.status if self._upstream is not None else self._status
+            with trio.CancelScope(shield=True):
+                await self._relay.finish(
+                    status=status,
+                    usage=self._meter.usage if self._meter is not None else None,
+                    failed=self._failed,
+                    client_left=client_left,
+                )

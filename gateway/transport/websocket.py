@@ -1,0 +1,105 @@
+"""WebSocket mode (`/v1/responses`): `response.create` frames answered in order with the events SSE sends.
+
+One connection runs its turns one after another, each to its terminal
+event.  The connection keeps its latest response (id, and the items it
+continues from), so that a `previous_response_id` naming it is answered
+from there (`store: false` turns can continue).  Each frame is a request
+of its own: counted against the key's requests per minute, read by the
+intake (`stream` and `stream_options` are ignored, as OpenAI does),
+refused with the error envelope of `render.ws_error` when it cannot run.
+A drain ends the wait for the next frame and closes with 1001 once the
+turn in progress has ended; the connection's age is bounded by
+`WEBSOCKET_MAX_AGE`.  Knows the turn and the intake; nothing of Quart (the
+route hands it the socket's receive, send and close).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from ..errors import GatewayError, InvalidRequest
+from ..intake import RequestContext, ws_create_request
+from ..render import ws_error
+from ..streams.sse import event_json
+from ..turn import Resources, prepare_turn
+
+__all__ = ["serve_websocket"]
+
+Receive = Callable[[], Awaitable[str | bytes]]
+SendText = Callable[[str], Awaitable[None]]
+Close = Callable[[int], Awaitable[None]]
+
+
+async def serve_websocket(resources: Resources, ctx: RequestContext, receive: Receive, send_text: SendText, close: Close) -> None:
+    """Serve one accepted WebSocket until the client leaves, the drain begins or its time is up."""
+    settings, drain = resources.settings, resources.drain
+    opened = trio.current_time()
+    latest: dict[str, Any] = {}  # the connection's latest response: id -> the items it continues from
+
+    async def send(events: list[dict[str, Any]]) -> None:
+        for event in events:
+            await send_text(event_json(event).decode())
+
+    waiting = trio.CancelScope()  # around each wait for a frame: a drain ends it
+    with trio.move_on_after(settings.websocket_max_age) as limit, drain.on_drain(lambda: waiting.cancel()):
+        while not drain.draining.is_set():
+            with waiting:
+                raw = await receive()
+            if waiting.cancelled_caught:
+                break
+            waiting = trio.CancelScope()
+            await _turn(resources, ctx, raw if isinstance(raw, bytes) else raw.encode(), latest, send)
+    if drain.draining.is_set():
+        await close(1001)  # going away: the turn in progress has ended first
+    elif limit.cancelled_caught or trio.current_time() - opened >= settings.websocket_max_age:
+        expired = InvalidRequest(
+            "This connection reached its time limit; open a new one.", code="websocket_connection_limit_reached"
+        )
+        await send([ws_error(expired)])
+        await close(1000)
+
+
+async def _turn(
+    resources: Resources,
+    ctx: RequestContext,
+    frame: bytes,
+    latest: dict[str, Any],
+    send: Callable[[list[dict[str, Any]]], Awaitable[None]],
+) -> None:
+    """One `response.create`, to its terminal event (or its error envelope)."""
+    previous: Any = None
+    try:
+        req, body = ws_create_request(frame)
+        await resources.limiter.admit_request(ctx.caller)  # each response.create is a request
+        previous = body.get("previous_response_id")
+        cached = latest.get(previous) if isinstance(previous, str) else None
+        turn = await prepare_turn(
+            resources,
+            req,
+            transport="websocket",
+            caller=ctx.caller,
+            gateway_tools=ctx.gateway_tools((req.model_extra or {}).get("gateway_tools")),
+            cached=(str(previous), cached) if cached is not None else None,
+            request_id=ctx.request_id,
+        )
+    except GatewayError as error:
+        if isinstance(previous, str):
+            latest.pop(previous, None)  # a failed continuation forgets the id
+        await send([ws_error(error)])
+        return
+    turn.outcome.http_status = None  # a turn on a socket has no status line of its own
+    try:
+        await turn.run(send)
+    except trio.Cancelled:  # the client went away mid-turn
+        turn.outcome.client_left = True
+        raise
+    finally:
+        turn.observe()
+    final = turn.response
+    if final.get("status") == "failed" and isinstance(previous, str):
+        latest.pop(previous, None)
+    latest.clear()  # only the latest response is kept on the connection
+    latest[final["id"]] = turn.conversation_so_far()
