@@ -250,3 +250,21 @@ async def test_a_background_response_asked_for_once_background_work_has_stopped_
     with pytest.raises(ShuttingDown) as refused:
         await BackgroundRunner(store).start(turn)  # its nursery is gone (or not yet there): shutting down
     assert refused.value.status == 503 and refused.value.code == "server_shutting_down"
+
+
+@pytest.mark.parametrize("extra", [{}, {"stream": True}, {"background": True}, {"background": True, "stream": True}],
+                         ids=["json", "stream", "background", "background stream"])
+async def test_every_responses_body_is_decoded_and_validated_once(gateway_url, client, monkeypatch, extra):
+    import gateway.intake
+
+    decoded: list[bytes] = []
+    original = gateway.intake.decode_json_object
+
+    def counting(body: bytes) -> Any:
+        decoded.append(body)
+        return original(body)
+
+    monkeypatch.setattr(gateway.intake, "decode_json_object", counting)
+    r = await client.post(gateway_url + "/v1/responses", json={"model": "text", "input": "hi", **extra})
+    assert r.status_code == 200
+    assert len(decoded) == 1
