@@ -9,6 +9,7 @@ Quart.  `lifespan` opens and closes resources; keys and limits are the edge's.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from werkzeug.exceptions import HTTPException
 from . import intake, render
 from .backends import Backend
 from .config import Settings
+from .call import Call, Handler
+from .conversations import ROUTES as CONVERSATION_ROUTES
 from .drain import Drain
 from .edge import Edge
 from .errors import GatewayError, InternalError, NotFound
@@ -32,7 +35,7 @@ from .backends.routing import models_for
 from .observe import Telemetry, build_telemetry, metrics_page
 from .responses import ResponsesRoute, respond
 from .store import ResponseStore
-from .stored import StoredResponses
+from .stored import ROUTES as STORED_ROUTES, StoredResponses
 from .streams.translator import random_id
 from .transport.asgi import BodyConnection, as_response
 from .transport.json import JsonBody, chat_answer, compaction_answer
@@ -172,25 +175,18 @@ def create_app(
         turn = await prepare_compaction(resources(), intake.create_request(await body()), _ctx())
         return as_response(compaction_answer(resources(), turn, _where()))
 
-    @aliased(app.get, "/responses/<response_id>")
-    async def _get_response(response_id: str) -> Response:
-        return as_response(await stored().get(response_id, _ctx().caller.owner, request.args))
-
-    @aliased(app.post, "/responses/<response_id>/cancel")
-    async def _cancel_response(response_id: str) -> Response:
-        return as_response(await stored().cancel(response_id, _ctx().caller.owner))
-
-    @aliased(app.delete, "/responses/<response_id>")
-    async def _delete_response(response_id: str) -> Response:
-        return as_response(await stored().delete(response_id, _ctx().caller.owner))
-
-    @aliased(app.get, "/responses/<response_id>/input_items")
-    async def _input_items(response_id: str) -> Response:
-        return as_response(await stored().input_items(response_id, _ctx().caller.owner, request.args))
-
     @aliased(app.websocket, "/responses")
     async def _responses_socket() -> None:
         await serve_websocket(resources(), RequestContext.of(websocket.scope), websocket.receive, websocket.send, websocket.close)
+
+    def resource_route(handler: Handler) -> Callable[..., Any]:
+        async def view(**params: str) -> Response:
+            return as_response(await handler(Call(app.shared, _ctx(), params, request.args, body)))
+
+        return view
+
+    for method, rule, handler in [*STORED_ROUTES, *CONVERSATION_ROUTES]:  # gateway.stored, gateway.conversations
+        aliased(functools.partial(app.route, methods=[method], endpoint=f"{method} {rule}"), rule)(resource_route(handler))
 
     # --- chat completions, models, the relay --------------------------------------------
 

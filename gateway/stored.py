@@ -6,7 +6,8 @@ send: JSON, or an event stream (a stored response replayed, a running one
 followed here or, through the store, on another instance).
 
 Raises `NotFound` (`response_not_found`), `InvalidRequest` and
-`StoreUnavailable` for the renderer to answer.
+`StoreUnavailable` for the renderer to answer.  `ROUTES` is the route
+table `gateway.app` registers (see `gateway.call`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 
 import trio
 
+from .call import Call, Route
 from .errors import InvalidRequest, NotFound
 from .intake import flag_arg, int_arg, page
 from .store import ResponseStore, StoredResponse
@@ -25,7 +27,7 @@ from .transport.follow import EventReplay, follow_job, follow_store, replay
 from .transport.json import JsonBody
 from .transport.sse import DeferredHeadBody
 
-__all__ = ["StoredResponses"]
+__all__ = ["ROUTES", "StoredResponses"]
 
 
 class StoredResponses:
@@ -83,3 +85,31 @@ class StoredResponses:
     async def input_items(self, response_id: str, owner: str | None, args: Mapping[str, str]) -> JsonBody:
         record = await self.record(response_id, owner)
         return JsonBody(page(record.input_items, args))
+
+
+def _stored(call: Call) -> StoredResponses:
+    return StoredResponses(call.shared.runner, call.shared.resources.store)
+
+
+async def _get(call: Call) -> DeferredHeadBody:
+    return await _stored(call).get(call.params["response_id"], call.ctx.caller.owner, call.args)
+
+
+async def _cancel(call: Call) -> DeferredHeadBody:
+    return await _stored(call).cancel(call.params["response_id"], call.ctx.caller.owner)
+
+
+async def _delete(call: Call) -> DeferredHeadBody:
+    return await _stored(call).delete(call.params["response_id"], call.ctx.caller.owner)
+
+
+async def _input_items(call: Call) -> DeferredHeadBody:
+    return await _stored(call).input_items(call.params["response_id"], call.ctx.caller.owner, call.args)
+
+
+ROUTES: list[Route] = [
+    ("GET", "/responses/<response_id>", _get),
+    ("POST", "/responses/<response_id>/cancel", _cancel),
+    ("DELETE", "/responses/<response_id>", _delete),
+    ("GET", "/responses/<response_id>/input_items", _input_items),
+]

@@ -185,9 +185,15 @@ InputItem = Annotated[
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
+ReasoningSummary = Literal["concise", "detailed", "auto"]
+
+
 class ReasoningParam(_Open):
     effort: ReasoningEffort | None = None
-    summary: Literal["concise", "detailed", "auto"] | None = None
+    summary: ReasoningSummary | None = None
+    generate_summary: ReasoningSummary | None = None  # OpenAI's deprecated name for `summary`
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
+    mode: str | None = None
 
 
 class TextParam(_Open):
@@ -195,8 +201,36 @@ class TextParam(_Open):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
+class StreamOptionsParam(_Open):
+    include_obfuscation: bool | None = None
+
+
+class PromptCacheOptionsParam(_Open):
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: str | None = None
+    prewarm: bool | None = None
+    comparison_response_id: str | None = None
+
+
+class ImageOptionsParam(_Open):
+    context_compression: Literal["auto", "enabled", "disabled"] | None = None
+
+
+class AccessProgramsParam(_Open):
+    cyber: str | None = None
+
+
+class BackgroundOptionsParam(_Open):
+    completion_window: Literal["soonest", "2h", "8h"] | None = None
+    continuation_id: str | None = None
+
+
 class CreateResponseRequest(_Open):
-    """`CreateResponseBody` of the Open Responses specification, leniently."""
+    """`CreateResponseBody` of the Open Responses specification and OpenAI's additions, leniently.
+
+    What becomes of each field (forwarded, done by the gateway, echoed or
+    refused) is decided in one table, `gateway.turn.plan.REQUEST_FIELDS`.
+    """
 
     model: str | None = None
     input: str | list[InputItem] | None = None
@@ -212,7 +246,7 @@ class CreateResponseRequest(_Open):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     parallel_tool_calls: bool | None = None
     stream: bool | None = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptionsParam | None = None
     background: bool | None = False
     max_output_tokens: int | None = Field(None, ge=16)
     max_tool_calls: int | None = Field(None, ge=1)
@@ -225,6 +259,15 @@ class CreateResponseRequest(_Open):
     service_tier: str | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     user: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: PromptCacheOptionsParam | None = None
+    image: ImageOptionsParam | None = None
+    access_programs: AccessProgramsParam | None = None
+    background_options: BackgroundOptionsParam | None = None
+    # Refused whenever they ask for something (see REQUEST_FIELDS); any shape is read as asking.
+    prompt: Any = None
+    moderation: Any = None
+    context_management: Any = None
 
 
 _REQUEST = TypeAdapter(CreateResponseRequest)

@@ -91,10 +91,21 @@ _STATUS = {
 }
 
 
+# What `POST /v1/messages/count_tokens` takes; anything else is refused, as Anthropic refuses it.
+COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config", "mcp_servers", "context_management"})
+
+
+def input_tokens(body: dict[str, Any]) -> int:
+    """This server's count of a request's input: the words of everything but the model."""
+    return len(orjson.dumps({k: v for k, v in body.items() if k != "model"}).decode().replace('":', '": ').split())
+
+
 @dataclass
 class AnthropicServer:
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    counts: list[dict[str, Any]] = field(default_factory=list)  # the bodies of token counts (not in `requests`)
+    count_headers: list[dict[str, str]] = field(default_factory=list)
     url: str = ""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -103,6 +114,9 @@ class AnthropicServer:
             return
         raw = await read_body(receive)
         body = orjson.loads(raw)
+        if scope["path"] == "/v1/messages/count_tokens":
+            await self._count(body, {k.decode(): v.decode() for k, v in scope["headers"]}, send)
+            return
         self.requests.append(body)
         self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
         model = body.get("model", "")
@@ -119,6 +133,21 @@ class AnthropicServer:
             await send({"type": "http.response.body", "body": frame[:half], "more_body": True})
             await send({"type": "http.response.body", "body": frame[half:], "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+    async def _count(self, body: dict[str, Any], headers: dict[str, str], send: Any) -> None:
+        self.counts.append(body)
+        self.count_headers.append(headers)
+        model = body.get("model", "")
+        extra = sorted(set(body) - COUNT_FIELDS)
+        if model in _STATUS or extra:
+            status, kind, text = _STATUS.get(model) or (400, "invalid_request_error", f"{', '.join(extra)}: Extra inputs are not permitted")
+            await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": orjson.dumps({"type": "error", "error": {"type": kind, "message": text}})})
+            return
+        answer = {} if model == "claude-no-count" else {"input_tokens": input_tokens(body)}
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": orjson.dumps(answer)})
 
 
 async def serve_anthropic(server: AnthropicServer, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:

@@ -220,6 +220,32 @@ SCENARIOS: dict[str, list[Any]] = {
 }
 
 
+# --- a tokenizer, as vLLM and llama.cpp serve theirs --------------------------------------------
+
+BOS = 1  # the one token this vocabulary adds in front of every prompt
+
+
+def chat_template(body: dict[str, Any]) -> str:
+    """What this backend's chat template makes of a chat request: every message, the tools, and
+    the generation prompt (llama.cpp's `/apply-template` answers it, without the BOS)."""
+    parts = [f"<|{m.get('role')}|> " + orjson.dumps({k: v for k, v in m.items() if k != "role"}).decode() for m in body.get("messages") or ()]
+    if body.get("tools"):
+        parts.insert(0, "<|tools|> " + orjson.dumps(body["tools"]).decode())
+    return "\n".join(parts) + "\n<|assistant|>"
+
+
+def tokenize(text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+    """Whitespace-separated words; `<|x|>` is one special token only when special tokens are parsed."""
+    if not parse_special:
+        text = text.replace("<|", "< | ").replace("|>", " | >")
+    return [BOS] * add_special + [2 + len(word) for word in text.split()]
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The tokens a completion of the chat request `body` is prompted with (BOS included)."""
+    return len(tokenize(chat_template(body), add_special=True, parse_special=True))
+
+
 @dataclass
 class Recorded:
     path: str
@@ -237,6 +263,10 @@ class ScriptedBackend:
     client_left_at: float | None = None
     fail_with: int | None = None  # when set, every chat request is answered with this status
     probes: int = 0  # readiness checks the gateway made
+    # How this backend counts tokens: "vllm" (`POST /tokenize` with messages), "llamacpp"
+    # (`/apply-template`, then `/tokenize` of the prompt), "completion" (neither: an unstreamed
+    # chat request is answered with its usage); None: none of that (the routes as before).
+    tokenizer: str | None = None
     url: str = ""
     _arrived: trio.Event = field(default_factory=trio.Event)
 
@@ -267,7 +297,9 @@ class ScriptedBackend:
         self.requests.append(Recorded(path, scope["method"], headers, body))
         self._arrived.set()
         self._arrived = trio.Event()
-        if path == "/v1/chat/completions" and scope["method"] == "POST":
+        if path in ("/tokenize", "/apply-template") and self.tokenizer is not None:
+            await self._tokenizer(path, body, send)
+        elif path == "/v1/chat/completions" and scope["method"] == "POST":
             await self._chat(body, receive, send)
         elif path == "/v1/models":
             await _json(send, 200, {"object": "list", "data": [{"id": "text", "object": "model", "owned_by": "tests"}]})
@@ -290,6 +322,25 @@ class ScriptedBackend:
             await _json(send, 418, {"error": {"message": "I am a teapot", "type": "invalid_request_error", "code": "teapot"}})
         else:
             await _json(send, 404, {"error": {"message": f"no route {path}", "type": "invalid_request_error", "code": "not_found"}})
+
+    async def _tokenizer(self, path: str, body: Any, send: Send) -> None:
+        """`/tokenize` and `/apply-template` as the server `tokenizer` names answers them."""
+        body = body if isinstance(body, dict) else {}
+        if self.tokenizer == "vllm" and path == "/tokenize":
+            if not isinstance(body.get("messages"), list):
+                await _json(send, 400, {"object": "error", "message": "messages: field required", "type": "BadRequestError", "code": 400})
+                return
+            template = chat_template(body) if body.get("add_generation_prompt") else chat_template(body).removesuffix("\n<|assistant|>")
+            tokens = tokenize(template, add_special=True, parse_special=True)  # its template writes the BOS
+            await _json(send, 200, {"count": len(tokens), "max_model_len": 8192, "tokens": tokens, "token_strs": None})
+        elif self.tokenizer == "llamacpp" and path == "/apply-template":
+            await _json(send, 200, {"prompt": chat_template(body)})
+        elif self.tokenizer == "llamacpp":  # /tokenize: `add_special` defaults to false, `parse_special` to true
+            content = body.get("content")
+            tokens = tokenize(content, add_special=body.get("add_special", False), parse_special=body.get("parse_special", True)) if isinstance(content, str) else []
+            await _json(send, 200, {"tokens": tokens})
+        else:
+            await _json(send, 404, {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}})
 
     async def _completion(self, body: Any, send: Send) -> None:
         """Legacy completions: `USAGE` reported as OpenAI does (the last chunk of a stream)."""
@@ -332,6 +383,13 @@ class ScriptedBackend:
             return
         if model == "hang-before-headers":
             await self._wait_client_left(receive)
+            return
+        if self.tokenizer == "completion" and body.get("stream") is not True:  # one JSON answer, with its usage
+            message = {"role": "assistant", "content": "Hello"}
+            answer: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model, "choices": [{"index": 0, "message": message, "finish_reason": "length"}]}
+            if model != "no-usage":
+                answer["usage"] = {"prompt_tokens": prompt_tokens(body), "completion_tokens": 1, "total_tokens": prompt_tokens(body) + 1}
+            await _json(send, 200, answer)
             return
         script: list[Any]
         if model == "echo-auth-stream":  # an error inside the stream that echoes the request's key

@@ -487,3 +487,48 @@ async def test_sqlite_saves_of_one_pass_share_a_commit_and_a_failure_reaches_eve
     for n in range(5):
         assert await store.load(f"resp_f{n}") is None
     await store.aclose()
+
+
+# --- conversations ---------------------------------------------------------------------------------
+
+
+def conversation(conversation_id: str = "conv_1", **fields: Any) -> Any:
+    from gateway.store.base import StoredConversation
+
+    items = [{"id": "msg_a", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
+    return StoredConversation(id=conversation_id, created_at=1_800_000_000, metadata={"topic": "x"}, items=items, **fields)
+
+
+async def test_a_conversation_is_kept_changed_atomically_and_deleted_with_its_items(store):
+    await store.save_conversation(conversation(owner="key_a"))
+    loaded = await store.load_conversation("conv_1")
+    assert loaded == conversation(owner="key_a")
+    assert await store.load_conversation("conv_nope") is None
+
+    def append(n: int) -> Any:
+        def change(current: Any) -> Any:
+            current.items.append({"id": f"msg_{n}", "type": "message", "role": "user", "content": []})
+            return current
+
+        return change
+
+    async with trio.open_nursery() as nursery:  # concurrent appends: none is lost
+        for n in range(10):
+            nursery.start_soon(store.update_conversation, "conv_1", append(n))
+    items = (await store.load_conversation("conv_1")).items
+    assert len(items) == 11 and {item["id"] for item in items} >= {f"msg_{n}" for n in range(10)}
+    assert await store.update_conversation("conv_1", lambda current: None) is not None  # declined: left as it is
+    assert await store.update_conversation("conv_nope", append(99)) is None
+    assert await store.delete_conversation("conv_1") and not await store.delete_conversation("conv_1")
+    assert await store.load_conversation("conv_1") is None
+
+
+async def test_a_conversation_expires_ttl_after_its_last_change(expiring):
+    store, advance = expiring
+    await store.save_conversation(conversation())
+    await advance(TTL - 1)
+    assert await store.update_conversation("conv_1", lambda current: current) is not None  # a change starts it again
+    await advance(TTL - 1)
+    assert await store.load_conversation("conv_1") is not None
+    await advance(2)
+    assert await store.load_conversation("conv_1") is None

@@ -2,7 +2,8 @@
 
     ChatBackend     the interface the turn engine uses: `open_chat_stream(body)`
                     gives a `ChatChunks` (batches of decoded chunks, `DONE` at
-                    the end of a batch when the backend sent `[DONE]`)
+                    the end of a batch when the backend sent `[DONE]`);
+                    `count_tokens(body)` the exact prompt tokens of the same body
     Passthrough     the interface `/v1/{path}` uses: a request forwarded as it is
     openai.py       `OpenAICompatibleBackend`, both interfaces over HTTP
 
@@ -49,6 +50,17 @@ class ChatBackend(Protocol):
         Raises:
             BackendStatusError: the backend answered with an error status.
             BackendError: it could not be reached or timed out.
+        """
+        ...
+
+    async def count_tokens(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None) -> int:
+        """The prompt tokens `body` (a chat request) makes, counted by the backend itself (its
+        tokenizer, or a completion's usage): exact, never an estimate.
+
+        Raises:
+            BackendStatusError: the backend refused the request (a 4xx is the client's).
+            BackendError: it could not be reached, timed out, or cannot count
+                (`token_count_unavailable`, 502).
         """
         ...
 

@@ -6,7 +6,8 @@ keeps hold for Anthropic models too:
 
     messages_request(chat body)   Chat Completions request -> Messages request (pure)
     MessagesStream                Messages stream events -> Chat Completions chunks (pure)
-    AnthropicBackend              the HTTP shell: POST /v1/messages, SSE framing, errors
+    AnthropicBackend              the HTTP shell: POST /v1/messages, SSE framing, errors,
+                                  and token counts (POST /v1/messages/count_tokens)
 
 A thinking block's signature travels as `reasoning_signature` (the
 translator keeps it sealed on the reasoning item and the plan brings it
@@ -23,14 +24,22 @@ import httpx2
 import orjson
 import trio
 
-from ..errors import BackendStatusError, BackendStreamError, BackendTimeout
+from ..errors import BackendError, BackendStatusError, BackendStreamError, BackendTimeout
 from ..redact import Redactor, public_url
 from ..streams.chunks import DONE
 from ..streams.sse import SSEDecoder, SSETooLarge
-from .openai import PROBE_HEADERS, backend_error_from, map_backend_errors, naming_errors, read_bounded, retry_after_of
+from .openai import (
+    COUNT_UNAVAILABLE,
+    PROBE_HEADERS,
+    backend_error_from,
+    map_backend_errors,
+    naming_errors,
+    read_bounded,
+    retry_after_of,
+)
 from .http1 import Http1Transport
 
-__all__ = ["AnthropicBackend", "MessagesStream", "messages_request"]
+__all__ = ["AnthropicBackend", "MessagesStream", "count_request", "messages_request"]
 
 _VERSION = "2023-06-01"
 _THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768}
@@ -94,6 +103,17 @@ def messages_request(chat: Mapping[str, Any], *, default_max_tokens: int = 4096)
             choice["disable_parallel_tool_use"] = True
         body["tool_choice"] = choice
     return body
+
+
+# What `count_tokens` takes of a Messages request (it refuses the generation's settings).
+_COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking", "output_config")
+
+
+def count_request(chat: Mapping[str, Any]) -> dict[str, Any]:
+    """The `count_tokens` request for a Chat Completions request: its Messages request, without
+    what only a generation takes (`max_tokens`, `stream`, sampling, stop sequences)."""
+    body = messages_request(chat)
+    return {name: body[name] for name in _COUNTED if name in body}
 
 
 def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
@@ -329,6 +349,7 @@ class AnthropicBackend:
     ) -> None:
         root = base_url.rstrip("/")
         self._url = (root if root.endswith("/v1") else root + "/v1") + "/messages"
+        self._count_url = self._url + "/count_tokens"
         self.name = name
         self.url = public_url(root)
         self.label = f"{name}@{self.url}"  # which backend answered, in a log line (no spaces, no secrets)
@@ -378,6 +399,37 @@ class AnthropicBackend:
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     await response.aclose()
+
+    async def count_tokens(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None) -> int:
+        """The input tokens of the chat request `body`, as Anthropic counts them (`count_tokens`).
+
+        Raises:
+            BackendStatusError: the backend refused the request.
+            BackendError: it could not be reached, timed out, or answered without a count
+                (`token_count_unavailable`).
+        """
+        payload = orjson.dumps(count_request(body))
+        sent = {**self._headers, **(headers or {}), "accept": "application/json"}
+        request = self._client.build_request("POST", self._count_url, content=payload, headers=sent)
+        with naming_errors(self.name, self.url):
+            with map_backend_errors():
+                response = await self._client.send(request, stream=True)
+            try:
+                if response.status_code >= 400:
+                    raise await self._status_error(response)
+                answer = await read_bounded(response)
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    await response.aclose()
+            try:
+                count = orjson.loads(answer).get("input_tokens")
+            except (orjson.JSONDecodeError, AttributeError):
+                count = None
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise BackendError(
+                    f"The backend '{self.name}' answered a token count without a count.", code=COUNT_UNAVAILABLE
+                )
+            return count
 
     async def _status_error(self, response: httpx2.Response) -> BackendStatusError:
         raw = await read_bounded(response)

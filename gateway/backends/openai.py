@@ -3,8 +3,10 @@
 It owns how such a server is reached: URL layout, auth, timeouts,
 connection limits, reading and decoding the SSE body into chunk batches,
 redacting its own secrets from whatever comes back, and the conversion of
-httpx2's failures into `BackendError`s (done here, once).  It knows nothing
-about the Responses API or about how events reach the client.
+httpx2's failures into `BackendError`s (done here, once).  It also counts a
+chat request's prompt tokens exactly, the best way the server offers (see
+`OpenAICompatibleBackend.count_tokens`).  It knows nothing about the
+Responses API or about how events reach the client.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..config import Settings
 from ..errors import (
     BackendError,
     BackendStatusError,
+    BackendStreamError,
     BackendTimeout,
     BackendUnavailable,
     GatewayError,
@@ -30,6 +33,7 @@ from ..streams.chunks import ChunkDecoder
 from .http1 import Http1Transport
 
 __all__ = [
+    "COUNT_UNAVAILABLE",
     "ChatStream",
     "OpenAICompatibleBackend",
     "PassthroughResponse",
@@ -39,6 +43,10 @@ __all__ = [
 ]
 
 _MAX_ERROR_BODY = 64 * 1024
+_MAX_COUNT_ANSWER = 16 * 1024 * 1024  # a tokenizer's answer lists every token of the prompt
+
+# The error code of a backend that cannot count a prompt's tokens exactly (502).
+COUNT_UNAVAILABLE = "token_count_unavailable"
 
 # Request headers a passthrough forwards; everything else (hop-by-hop,
 # host, the client's own authorization for the gateway) stays here.
@@ -323,6 +331,8 @@ class OpenAICompatibleBackend:
             root = base_url.rstrip("/")
             self._v1 = root if root.endswith("/v1") else root + "/v1"
         self._chat_url = httpx2.URL(self._v1 + "/chat/completions")
+        self._root = self._v1.removesuffix("/v1")  # where vLLM and llama.cpp serve their tokenizers
+        self._counter: str | None = None  # which way of counting tokens this server answered (see count_tokens)
         self.url = public_url(self._v1)
         self.label = f"{name}@{self.url}"  # which backend answered, in a log line (no spaces, no secrets)
         self._auth = {**(headers or {}), **({"authorization": f"Bearer {api_key}"} if api_key else {})}
@@ -407,6 +417,119 @@ class OpenAICompatibleBackend:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await response.aclose()
 
+    # --- counting a prompt's tokens ---------------------------------------------------
+
+    async def count_tokens(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None) -> int:
+        """The exact number of prompt tokens the chat request `body` makes on this server.
+
+        Tried in order, and the first that answers is remembered for this
+        server: vLLM's `POST /tokenize` with the messages (the chat template
+        applied, as a completion applies it); llama.cpp's `POST
+        /apply-template` and then `POST /tokenize` of that prompt, with
+        `add_special` and `parse_special` as its completions tokenize (so a
+        vocabulary that adds a BOS token is counted with it); else a
+        one-token completion's `usage.prompt_tokens`.  A request with images,
+        audio or files is always counted by a completion: a tokenizer
+        endpoint counts text only.  Never an estimate.
+
+        Raises:
+            BackendStatusError: the backend refused the request (a 4xx is the
+                client's, such as a context that is too long).
+            BackendError: it could not be reached, timed out, or cannot count
+                (`token_count_unavailable`: its completion reported no usage).
+        """
+        model = body.get("model")
+        if model in self._refuses_reasoning_content:
+            body = _without_reasoning_content(body)
+        body = _without_signatures(body)
+        with naming_errors(self.name, self.url):
+            try:
+                return await self._count(body, headers)
+            except BackendStatusError as error:
+                stripped = _without_reasoning_content(body)
+                if stripped is body or not _refuses_reasoning_content(error):
+                    raise
+                self._refuses_reasoning_content.add(model)  # as for its completions (see _open_chat_stream)
+                return await self._count(stripped, headers)
+
+    async def _count(self, body: dict[str, Any], headers: Mapping[str, str] | None) -> int:
+        media = _has_media(body)
+        ways = ["completion"] if media else [self._counter] if self._counter else ["vllm", "llamacpp", "completion"]
+        for index, way in enumerate(ways):
+            last = index == len(ways) - 1
+            try:
+                count = await self._count_by(way, body, headers)
+            except BackendStatusError:
+                if last:
+                    raise
+                continue  # not a way this server counts (a 404, or another server's /tokenize)
+            if count is not None:
+                if not media:
+                    self._counter = way
+                return count
+            if last:
+                break
+        raise BackendError(
+            f"The backend '{self.name}' cannot count tokens exactly: neither a tokenizer endpoint "
+            "nor the usage of a completion gave a count.",
+            code=COUNT_UNAVAILABLE,
+        )
+
+    async def _count_by(self, way: str, body: dict[str, Any], headers: Mapping[str, str] | None) -> int | None:
+        """One way of counting; None when the server's answer is not that way's."""
+        if way == "vllm":
+            request = {"model": body.get("model"), "messages": body.get("messages"), "add_generation_prompt": True}
+            request.update({name: body[name] for name in ("tools", "chat_template_kwargs") if body.get(name)})
+            return _whole(_field(await self._post_json(self._root + "/tokenize", request, headers), "count"))
+        if way == "llamacpp":
+            # The template applied by the same code as a completion's (tools, tool_choice and all).
+            prompt = _field(await self._post_json(self._root + "/apply-template", _unstreamed(body), headers), "prompt")
+            if not isinstance(prompt, str):
+                return None
+            request = {"content": prompt, "add_special": True, "parse_special": True}
+            tokens = _field(await self._post_json(self._root + "/tokenize", request, headers), "tokens")
+            return len(tokens) if isinstance(tokens, list) else None
+        request = {**_unstreamed(body), "stream": False, "max_tokens": 1}
+        try:
+            answer = await self._post_json(str(self._chat_url), request, headers)
+        except BackendStatusError as error:
+            if error.backend_status != 400 or "max_completion_tokens" not in error.message:
+                raise
+            # OpenAI's reasoning models take only the newer name for the same limit.
+            del request["max_tokens"]
+            answer = await self._post_json(str(self._chat_url), {**request, "max_completion_tokens": 1}, headers)
+        return _whole(_field(_field(answer, "usage"), "prompt_tokens"))
+
+    async def _post_json(self, url: str, payload: dict[str, Any], headers: Mapping[str, str] | None) -> Any:
+        """POST `payload`; the answer's JSON (None when it is not JSON).
+
+        Raises:
+            BackendStatusError: an error status.
+            BackendError: unreachable, timed out, or an answer too large to be a count.
+        """
+        merged = {**self._auth, **(headers or {}), "content-type": "application/json", "accept": "application/json"}
+        request = self._client.build_request("POST", url, content=orjson.dumps(payload), headers=merged)
+        with map_backend_errors():
+            response = await self._client.send(request, stream=True)
+        try:
+            if response.status_code >= 400:
+                error = BackendStatusError.from_body(response.status_code, self._redactor.redact_bytes(await read_bounded(response)))
+                error.retry_after = retry_after_of(response.headers.get("retry-after"))
+                raise error
+            data = bytearray()
+            with map_backend_errors():
+                async for chunk in response.aiter_bytes():
+                    data += chunk
+                    if len(data) > _MAX_COUNT_ANSWER:
+                        raise BackendStreamError("the backend's answer to a token count is too large")
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await response.aclose()
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None
+
     @contextlib.asynccontextmanager
     async def open_passthrough(
         self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
@@ -439,6 +562,30 @@ def _without_signatures(body: dict[str, Any]) -> dict[str, Any]:
         for message in messages
     ]
     return {**body, "messages": cleaned}
+
+
+def _unstreamed(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat body without what only a generation needs (streaming, its length)."""
+    return {k: v for k, v in body.items() if k not in ("stream", "stream_options", "max_tokens", "max_completion_tokens")}
+
+
+def _has_media(body: dict[str, Any]) -> bool:
+    """Whether a message carries a part that is not text (an image, audio, a file)."""
+    return any(
+        isinstance(part, dict) and part.get("type") != "text"
+        for message in body.get("messages") or ()
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for part in message["content"]
+    )
+
+
+def _field(value: Any, name: str) -> Any:
+    return value.get(name) if isinstance(value, dict) else None
+
+
+def _whole(value: Any) -> int | None:
+    """A token count, if `value` is one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _refuses_reasoning_content(error: BackendStatusError) -> bool:

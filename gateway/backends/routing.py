@@ -19,6 +19,11 @@ For a chat stream the router walks the route's backends in order:
 When every backend is out, a `Retry-After` no longer than `max_retry_after`
 is waited out once.  What is tried and why is logged at DEBUG; every failure
 counts against the backend's circuit.
+
+A token count asks the backend a generation would go to: the first of the
+route's backends whose circuit lets requests through (and, when that one
+cannot be reached, the next, as a generation would move on).  Counting
+takes no stream slot and does not touch a circuit.
 """
 
 from __future__ import annotations
@@ -32,9 +37,17 @@ from typing import Any
 import orjson
 import trio
 
-from ..errors import BackendError, BackendStatusError, BackendStreamError, BackendUnavailable, GatewayError, NotFound
+from ..errors import (
+    BackendError,
+    BackendStatusError,
+    BackendStreamError,
+    BackendUnavailable,
+    GatewayError,
+    NotFound,
+)
 from ..wire import model_of
 from .config import BackendConfig, FallbackConfig, GatewayConfig, RouteTarget
+from .openai import COUNT_UNAVAILABLE
 
 __all__ = ["BackendState", "Router", "backend_models", "build_router", "models_for"]
 
@@ -190,6 +203,33 @@ class Router:
         if isinstance(last_error, GatewayError):
             raise last_error
         raise _NoBackend(f"no backend could serve the model '{model}' (all failing or busy)")
+
+    async def count_tokens(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None) -> int:
+        """The prompt tokens of `body`, counted by the backend its model's route would use.
+
+        Raises:
+            NotFound: no route names the model and there is more than one backend.
+            BackendStatusError: the backend refused the request.
+            BackendError: no backend of the route could be reached, or it cannot count.
+        """
+        model = str(body.get("model") or "")
+        last_error: GatewayError = _NoBackend(f"no backend can count tokens for the model '{model}' (all failing)")
+        for target in [t for t in self.targets(model) if self._available(self.backends[t.backend])][: self.fallback.max_attempts]:
+            state = self.backends[target.backend]
+            counter = getattr(state.adapter, "count_tokens", None)
+            if counter is None:
+                raise BackendError(f"The backend '{state.name}' cannot count tokens.", code=COUNT_UNAVAILABLE)
+            try:
+                return int(await counter({**body, "model": target.model} if target.model else body, headers=headers))
+            except BackendStatusError as error:
+                if 400 <= error.backend_status < 500 and error.backend_status != 429:
+                    raise  # the request is the problem
+                last_error = error  # a generation would move on too
+            except BackendError as error:
+                if error.code == COUNT_UNAVAILABLE:
+                    raise  # it would serve the generation: another's count would not be its
+                last_error = error
+        raise last_error
 
     # --- the passthrough interface -----------------------------------------------------------
 

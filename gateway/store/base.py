@@ -15,6 +15,11 @@ save or an update) and then answers as an unknown one, by id and by item;
 a record holding a lease does not expire while it holds it (a running
 response must not vanish, and a lost one must still be found to be ended).
 
+A `StoredConversation` (the Conversations API) is kept the same way: one
+record, written whole (its metadata, its items in order, and the lock a
+running response holds on it), changed only through `update_conversation`
+(a compare-and-set), expiring `ttl` after its last write.
+
 Stores raise `StoreUnavailable` for their library's failures, and nothing
 else.
 
@@ -36,7 +41,19 @@ import zstandard
 
 from ..errors import StoreUnavailable
 
-__all__ = ["Change", "OwnerView", "ResponseStore", "StoredResponse", "decode_record", "encode_record", "save_retrying"]
+__all__ = [
+    "Change",
+    "ConversationChange",
+    "OwnerView",
+    "ResponseStore",
+    "StoredConversation",
+    "StoredResponse",
+    "decode_conversation",
+    "decode_record",
+    "encode_conversation",
+    "encode_record",
+    "save_retrying",
+]
 
 
 @dataclass
@@ -113,6 +130,48 @@ def decode_record(data: bytes) -> StoredResponse:
 Change = Callable[[StoredResponse], "StoredResponse | None"]
 
 
+@dataclass
+class StoredConversation:
+    """A conversation (the Conversations API): its metadata and its items, oldest first."""
+
+    id: str
+    created_at: int
+    metadata: dict[str, str] = field(default_factory=dict)
+    items: list[dict[str, Any]] = field(default_factory=list)  # Responses items, each with an id
+    owner: str | None = None  # the API key (its id) that created it
+    lock: str | None = None  # the response running on it now (its id), if any
+    lock_until: float | None = None  # wall-clock seconds; a holder that died lets it lapse
+
+    def find_item(self, item_id: str) -> dict[str, Any] | None:
+        return next((item for item in self.items if item.get("id") == item_id), None)
+
+
+def encode_conversation(conversation: StoredConversation) -> bytes:
+    return _zstd().compress(orjson.dumps(conversation.__dict__))
+
+
+def decode_conversation(data: bytes) -> StoredConversation:
+    if data[:4] == _ZSTD_MAGIC:
+        decompressor = getattr(_codecs, "decompressor", None)
+        if decompressor is None:
+            decompressor = _codecs.decompressor = zstandard.ZstdDecompressor()
+        data = decompressor.decompress(data)
+    raw = orjson.loads(data)
+    return StoredConversation(
+        id=raw["id"],
+        created_at=raw["created_at"],
+        metadata=raw.get("metadata") or {},
+        items=raw.get("items") or [],
+        owner=raw.get("owner"),
+        lock=raw.get("lock"),
+        lock_until=raw.get("lock_until"),
+    )
+
+
+# Given the stored conversation, the one to write instead, or None to leave it (as `Change`).
+ConversationChange = Callable[[StoredConversation], "StoredConversation | None"]
+
+
 class ResponseStore(Protocol):
     """Conversation state.  Every method may be called from many tasks at once."""
 
@@ -141,6 +200,25 @@ class ResponseStore(Protocol):
 
     async def holder_of(self, item_id: str) -> StoredResponse | None:
         """The stored response that has the item `item_id` among its inputs or outputs."""
+        ...
+
+    async def save_conversation(self, conversation: StoredConversation) -> None:
+        """Insert or replace a conversation (atomically)."""
+        ...
+
+    async def load_conversation(self, conversation_id: str) -> StoredConversation | None:
+        """The conversation, or None when unknown, expired or deleted."""
+        ...
+
+    async def update_conversation(
+        self, conversation_id: str, change: ConversationChange
+    ) -> StoredConversation | None:
+        """Apply `change` to the stored conversation atomically; the conversation as stored afterwards
+        (None when there is none: `change` is not called)."""
+        ...
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        """Remove the conversation and its items; False when it was not there."""
         ...
 
     async def aclose(self) -> None: ...

@@ -15,7 +15,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from .base import Change, StoredResponse, decode_record, encode_record
+from .base import (
+    Change,
+    ConversationChange,
+    StoredConversation,
+    StoredResponse,
+    decode_conversation,
+    decode_record,
+    encode_conversation,
+    encode_record,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -30,6 +39,7 @@ class MemoryStore:
         self._records: OrderedDict[str, tuple[float, bytes, tuple[str, ...]]] = OrderedDict()
         self._items: dict[str, str] = {}  # item id -> response id
         self._leases: dict[str, float] = {}  # response id -> lease end
+        self._conversations: dict[str, tuple[float, bytes]] = {}  # id -> (saved at, record)
 
     async def save(self, record: StoredResponse) -> None:
         old = self._records.pop(record.id, None)
@@ -86,7 +96,37 @@ class MemoryStore:
         response_id = self._items.get(item_id)
         return await self.load(response_id) if response_id is not None else None
 
+    async def save_conversation(self, conversation: StoredConversation) -> None:
+        self._conversations[conversation.id] = (self._clock(), encode_conversation(conversation))
+
+    async def load_conversation(self, conversation_id: str) -> StoredConversation | None:
+        entry = self._conversations.get(conversation_id)
+        if entry is None:
+            return None
+        if self._ttl is not None and self._clock() - entry[0] > self._ttl:
+            del self._conversations[conversation_id]
+            return None
+        return decode_conversation(entry[1])
+
+    async def update_conversation(
+        self, conversation_id: str, change: ConversationChange
+    ) -> StoredConversation | None:
+        current = await self.load_conversation(conversation_id)  # nothing yields between read and write
+        if current is None:
+            return None
+        new = change(current)
+        if new is None:
+            return current
+        await self.save_conversation(new)
+        return new
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        return await self.load_conversation(conversation_id) is not None and bool(
+            self._conversations.pop(conversation_id, None)
+        )
+
     async def aclose(self) -> None:
+        self._conversations.clear()
         self._records.clear()
         self._items.clear()
         self._leases.clear()

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import StoreUnavailable
 from ..observe import Telemetry
-from .base import Change, ResponseStore, StoredResponse
+from .base import Change, ConversationChange, ResponseStore, StoredConversation, StoredResponse
 
 __all__ = ["ObservedStore"]
 
@@ -62,6 +62,22 @@ class ObservedStore:
     async def holder_of(self, item_id: str) -> StoredResponse | None:
         result: StoredResponse | None = await self._timed("holder_of", self.inner.holder_of(item_id))
         return result
+
+    async def save_conversation(self, conversation: StoredConversation) -> None:
+        await self._timed("save_conversation", self.inner.save_conversation(conversation))
+
+    async def load_conversation(self, conversation_id: str) -> StoredConversation | None:
+        result: StoredConversation | None = await self._timed("load_conversation", self.inner.load_conversation(conversation_id))
+        return result
+
+    async def update_conversation(self, conversation_id: str, change: ConversationChange) -> StoredConversation | None:
+        result: StoredConversation | None = await self._timed(
+            "update_conversation", self.inner.update_conversation(conversation_id, change)
+        )
+        return result
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        return bool(await self._timed("delete_conversation", self.inner.delete_conversation(conversation_id)))
 
     async def aclose(self) -> None:
         await self.inner.aclose()

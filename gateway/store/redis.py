@@ -27,7 +27,16 @@ from typing import Any
 import trio
 
 from ..errors import StoreUnavailable
-from .base import Change, StoredResponse, decode_record, encode_record
+from .base import (
+    Change,
+    ConversationChange,
+    StoredConversation,
+    StoredResponse,
+    decode_conversation,
+    decode_record,
+    encode_conversation,
+    encode_record,
+)
 
 __all__ = ["RedisStore"]
 
@@ -134,6 +143,42 @@ class RedisStore:
     async def holder_of(self, item_id: str) -> StoredResponse | None:
         response_id = await self._run(self._redis.get, self._key("item", item_id))
         return await self.load(response_id.decode()) if response_id is not None else None
+
+    async def save_conversation(self, conversation: StoredConversation) -> None:
+        key = self._key("conversation", conversation.id)
+        await self._run(lambda: self._redis.set(key, encode_conversation(conversation), px=self._ttl_ms))
+
+    async def load_conversation(self, conversation_id: str) -> StoredConversation | None:
+        data = await self._run(self._redis.get, self._key("conversation", conversation_id))
+        return decode_conversation(data) if data is not None else None
+
+    async def update_conversation(
+        self, conversation_id: str, change: ConversationChange
+    ) -> StoredConversation | None:
+        return await self._run(self._update_conversation, conversation_id, change)
+
+    def _update_conversation(self, conversation_id: str, change: ConversationChange) -> StoredConversation | None:
+        key = self._key("conversation", conversation_id)
+        with self._redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    data = pipe.get(key)
+                    if data is None:
+                        return None
+                    current = decode_conversation(data if isinstance(data, bytes) else data.encode())
+                    new = change(current)
+                    if new is None:
+                        return current
+                    pipe.multi()
+                    pipe.set(key, encode_conversation(new), px=self._ttl_ms)
+                    pipe.execute()
+                    return new
+                except self._conflict:
+                    continue  # written by someone else since WATCH: read again
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        return bool(await self._run(self._redis.delete, self._key("conversation", conversation_id)))
 
     async def aclose(self) -> None:
         await self._run(self._redis.close)

@@ -50,7 +50,16 @@ from typing import Any, TypeVar
 import trio
 
 from ..errors import StoreUnavailable
-from .base import Change, StoredResponse, decode_record, encode_record
+from .base import (
+    Change,
+    ConversationChange,
+    StoredConversation,
+    StoredResponse,
+    decode_conversation,
+    decode_record,
+    encode_conversation,
+    encode_record,
+)
 
 T = TypeVar("T")
 
@@ -77,6 +86,12 @@ CREATE TABLE IF NOT EXISTS items (
 );
 CREATE INDEX IF NOT EXISTS items_by_response ON items(response_id);
 CREATE INDEX IF NOT EXISTS responses_by_age ON responses(saved_at);
+CREATE TABLE IF NOT EXISTS conversations (
+    id TEXT PRIMARY KEY,
+    data BLOB NOT NULL,
+    saved_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS conversations_by_age ON conversations(saved_at);
 """
 # Added after the first release: existing files gain the column at start-up.
 _LEASES = """
@@ -344,6 +359,58 @@ class SQLiteStore:
         ).fetchone()
         return self._load(conn, row[0]) if row is not None else None
 
+    async def save_conversation(self, conversation: StoredConversation) -> None:
+        await self._run(self._write_conversation, encode_conversation(conversation), conversation.id)
+
+    def _write_conversation(self, conn: sqlite3.Connection, data: bytes, conversation_id: str) -> None:
+        with _transaction(conn):
+            self._put_conversation(conn, data, conversation_id)
+
+    def _put_conversation(self, conn: sqlite3.Connection, data: bytes, conversation_id: str) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO conversations (id, data, saved_at) VALUES (?, ?, ?)",
+            (conversation_id, data, self._clock()),
+        )
+
+    async def load_conversation(self, conversation_id: str) -> StoredConversation | None:
+        data = await self._run(self._load_conversation, conversation_id)
+        return decode_conversation(data) if data is not None else None
+
+    def _load_conversation(self, conn: sqlite3.Connection, conversation_id: str) -> bytes | None:
+        row = conn.execute("SELECT data, saved_at FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        if row is None or self._past_ttl(row[1], None):
+            return None  # an expired one is swept with the rest (`sweep`)
+        return bytes(row[0])
+
+    async def update_conversation(
+        self, conversation_id: str, change: ConversationChange
+    ) -> StoredConversation | None:
+        return await self._run(self._update_conversation, conversation_id, change)
+
+    def _update_conversation(
+        self, conn: sqlite3.Connection, conversation_id: str, change: ConversationChange
+    ) -> StoredConversation | None:
+        with _transaction(conn):  # BEGIN IMMEDIATE: no other writer between the read and the write
+            data = self._load_conversation(conn, conversation_id)
+            if data is None:
+                return None
+            current = decode_conversation(data)
+            new = change(current)
+            if new is None:
+                return current
+            self._put_conversation(conn, encode_conversation(new), conversation_id)
+            return new
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        return bool(await self._run(self._delete_conversation, conversation_id))
+
+    def _delete_conversation(self, conn: sqlite3.Connection, conversation_id: str) -> bool:
+        with _transaction(conn):
+            if self._load_conversation(conn, conversation_id) is None:
+                return False
+            conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        return True
+
     def _past_ttl(self, saved_at: float, lease_until: float | None) -> bool:
         """Expired: written more than `ttl` ago, and not running (a running response's lease is set)."""
         return self._ttl is not None and lease_until is None and self._clock() - saved_at > self._ttl
@@ -408,7 +475,11 @@ class SQLiteStore:
             ).fetchall()
             conn.executemany("DELETE FROM items WHERE response_id = ?", ids)
             conn.executemany("DELETE FROM responses WHERE id = ?", ids)
-        return len(ids)
+            conversations = conn.execute(
+                "SELECT id FROM conversations WHERE saved_at < ? LIMIT ?", (cutoff, _SWEEP_BATCH)
+            ).fetchall()
+            conn.executemany("DELETE FROM conversations WHERE id = ?", conversations)
+        return len(ids) + len(conversations)
 
     @staticmethod
     def _vacuum_step(conn: sqlite3.Connection) -> int:

@@ -4,8 +4,11 @@ Resolves `previous_response_id` into the earlier turns' items (previous
 input, then previous output, walking back along the chain; instructions
 are not carried over), resolves `item_reference` inputs from stored items,
 gives every input item an id, and builds the record stored when the
-response ends.  It talks to a `ResponseStore` and knows nothing of HTTP or
-of how the backend is called.
+response ends.  A request that names a `conversation` takes its lock
+(`ConversationLocks`: one response at a time, on every instance) and its
+items as history; the items it added are appended when it ends.  It talks
+to a `ResponseStore` and knows nothing of HTTP or of how the backend is
+called.
 """
 
 from __future__ import annotations
@@ -14,14 +17,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import trio
 from pydantic import TypeAdapter, ValidationError
 
-from ..errors import InvalidRequest, NotFound
+from ..errors import GatewayError, InvalidRequest, NotFound
 from ..store import StoredResponse
 from ..wire import CreateResponseRequest, InputItem, ItemReference
 from .plan import results_without_calls
 
-__all__ = ["Prepared", "Records", "check_outputs_answer_calls", "input_item_records", "prepare", "record_for", "to_wire"]
+__all__ = [
+    "ConversationLock",
+    "ConversationLocks",
+    "Prepared",
+    "Records",
+    "check_outputs_answer_calls",
+    "conversation_id_of",
+    "input_item_records",
+    "prepare",
+    "record_for",
+    "to_wire",
+]
 
 _ITEMS = TypeAdapter(list[InputItem])
 _MAX_CHAIN = 10_000  # a loop in stored data must not hang a request
@@ -195,3 +210,142 @@ def record_for(
         events=list(events),
         previous_response_id=req.previous_response_id,
     )
+
+
+# --- conversations (the Conversations API) ----------------------------------------------------------
+
+
+def conversation_id_of(req: CreateResponseRequest) -> str | None:
+    """The conversation a create request names (`"conversation": "conv_…"` or `{"id": "conv_…"}`), if any.
+
+    Raises:
+        InvalidRequest: a `conversation` that is neither, or given with `previous_response_id`.
+    """
+    value = getattr(req, "conversation", None)
+    if value is None:
+        value = (req.model_extra or {}).get("conversation")
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        value = value.get("id")
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(
+            "Invalid value for 'conversation': expected a conversation id or {\"id\": ...}.",
+            param="conversation",
+            code="invalid_type",
+        )
+    if req.previous_response_id:
+        raise InvalidRequest(
+            "'previous_response_id' and 'conversation' cannot be used together: a conversation keeps its own history.",
+            param="conversation",
+            code="invalid_request",
+        )
+    return value
+
+
+class ConversationLock:
+    """The lock a response holds on its conversation while it runs (see `ConversationLocks`)."""
+
+    def __init__(self, locks: ConversationLocks, conversation_id: str, holder: str) -> None:
+        self.locks = locks
+        self.conversation_id = conversation_id
+        self.holder = holder
+        self.held = True
+
+    async def run_renewals(self) -> None:
+        """Renew the lease a third of a lease apart, until cancelled (by the turn that holds it)."""
+        while True:
+            await trio.sleep(self.locks.lease / 3)
+            try:
+                await self.locks.renew(self)
+            except GatewayError:
+                pass  # tried again at the next renewal; a lease outlives two missed ones
+
+    async def finish(self, items: Sequence[dict[str, Any]]) -> None:
+        """Append `items` to the conversation and let it go, in one atomic change.
+
+        Raises:
+            StoreUnavailable: the store failed (the lock then lapses with its lease).
+        """
+        await self.locks.finish(self, items)
+
+    async def release(self) -> None:
+        """Let the conversation go without appending (a failed or cancelled response); never raises."""
+        if self.held:
+            try:
+                await self.locks.finish(self, ())
+            except GatewayError:
+                pass  # the lease lapses on its own
+
+
+class ConversationLocks:
+    """One response at a time per conversation, on every instance: a lease in the stored conversation.
+
+    A response takes the lock before any byte is sent (a second one gets 400
+    `conversation_locked`), renews it while it runs, and lets it go when it
+    ends, in the same change that appends its items.  A holder that dies
+    cannot let go: its lease lapses after `lease` seconds.
+    """
+
+    def __init__(self, store: Any, *, clock: Callable[[], float], lease: float) -> None:
+        self.store = store
+        self.clock = clock
+        self.lease = lease
+
+    async def acquire(self, conversation_id: str, owner: str | None, holder: str) -> tuple[ConversationLock, list[dict[str, Any]]]:
+        """Take the conversation for `holder`; the lock and the conversation's items.
+
+        Raises:
+            NotFound: no such conversation for `owner` (`conversation_not_found`).
+            InvalidRequest: another response is running on it (`conversation_locked`).
+            StoreUnavailable: the store failed.
+        """
+        now = self.clock()
+        state: dict[str, Any] = {}
+
+        def take(current: Any) -> Any:
+            state["owner"] = current.owner
+            if current.owner != owner:
+                return None
+            if current.lock not in (None, holder) and (current.lock_until or 0) > now:
+                state["locked"] = True
+                return None
+            current.lock, current.lock_until = holder, now + self.lease
+            state["taken"] = True
+            return current
+
+        found = await self.store.update_conversation(conversation_id, take)
+        if found is None or state.get("owner") != owner:
+            raise NotFound(
+                f"Conversation with id '{conversation_id}' not found.", param="conversation", code="conversation_not_found"
+            )
+        if not state.get("taken"):
+            raise InvalidRequest(
+                f"Another response is in progress for conversation '{conversation_id}'; wait for it to finish.",
+                param="conversation",
+                code="conversation_locked",
+            )
+        return ConversationLock(self, conversation_id, holder), list(found.items)
+
+    async def renew(self, lock: ConversationLock) -> None:
+        until = self.clock() + self.lease
+
+        def renew(current: Any) -> Any:
+            if current.lock != lock.holder:
+                return None
+            current.lock_until = until
+            return current
+
+        await self.store.update_conversation(lock.conversation_id, renew)
+
+    async def finish(self, lock: ConversationLock, items: Sequence[dict[str, Any]]) -> None:
+        def finish(current: Any) -> Any:
+            if current.lock == lock.holder:
+                current.lock, current.lock_until = None, None
+            elif not items:
+                return None
+            current.items.extend(items)
+            return current
+
+        await self.store.update_conversation(lock.conversation_id, finish)
+        lock.held = False

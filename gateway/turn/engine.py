@@ -24,6 +24,7 @@ calls.  Nothing here knows HTTP, Quart, or how events become bytes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -91,6 +92,11 @@ class Resources:
     telemetry: Telemetry = field(default_factory=Telemetry)
     limiter: Limiter = field(default_factory=lambda: Limiter(None))
     drain: Drain = field(default_factory=Drain)
+
+    @functools.cached_property
+    def conversation_locks(self) -> conversation.ConversationLocks:
+        """Whose turn it is on each conversation (a lease in the store, as long as a background one's)."""
+        return conversation.ConversationLocks(self.store, clock=self.clock, lease=self.settings.background_lease_seconds)
 
     def options_for(self, owner: str | None) -> TranslateOptions:
         """How a request of `owner` reads what it carries: sealed content opens only for the key
@@ -279,20 +285,47 @@ async def prepare_turn(
         RateLimited: a limit of the key is reached.
         StoreUnavailable: the store failed.
     """
-    settings = resources.settings
     if req.background and req.store is False:
         raise InvalidRequest(
             "Background responses must be stored: 'store' cannot be false.", param="store", code="invalid_value"
         )
+    conversation_id = conversation.conversation_id_of(req)
+    response_id = resources.ids("resp")
+    lock = None
+    if conversation_id is not None:  # taken first, for its items; let go if anything below refuses
+        lock, items = await resources.conversation_locks.acquire(conversation_id, caller.owner, response_id)
+    try:
+        return await _prepare(resources, req, transport, caller, gateway_tools, cached, request_id, response_id, lock, items if lock else [])
+    except BaseException:
+        if lock is not None:
+            with trio.CancelScope(shield=True):
+                await lock.release()
+        raise
+
+
+async def _prepare(
+    resources: Resources,
+    req: CreateResponseRequest,
+    transport: str,
+    caller: Caller,
+    gateway_tools: bool,
+    cached: tuple[str, Sequence[Any]] | None,
+    request_id: str | None,
+    response_id: str,
+    lock: conversation.ConversationLock | None,
+    conversation_items: list[dict[str, Any]],
+) -> Turn:
+    settings = resources.settings
     visible = OwnerView(resources.store, caller.owner)
     if cached is not None:
         prepared = await conversation.prepare(visible, req.model_copy(update={"previous_response_id": None}), resources.ids)
         prepared.history = [*cached[1], *prepared.history]
     else:
         prepared = await conversation.prepare(visible, req, resources.ids)
+    if conversation_items:
+        prepared.history = [*conversation.to_wire(conversation_items), *prepared.history]
     if req.previous_response_id:
         conversation.check_outputs_answer_calls(prepared)
-    response_id = resources.ids("resp")
     plan = plan_chat_request(
         req,
         response_id=response_id,
@@ -301,6 +334,8 @@ async def prepare_turn(
         history=prepared.history,
         items=prepared.input,
     )
+    if lock is not None:
+        plan.response["conversation"] = {"id": lock.conversation_id}
     hosted = hosted_specs(req.tools)
     await check_hosted(hosted, resources.mcp, _allow_list(settings), caller.limits)
     translator = ResponseTranslator(
@@ -326,7 +361,7 @@ async def prepare_turn(
     if max_tokens is not None:
         plan.body["max_tokens"] = max_tokens  # what it reserved bounds what it may use
     slot = await resources.limiter.admit_stream(caller, model, response_id, tokens=tokens)
-    return Turn(resources, req, prepared, plan, translator, hosted, gateway_tools, outcome, caller, slot)
+    return Turn(resources, req, prepared, plan, translator, hosted, gateway_tools, outcome, caller, slot, lock)
 
 
 def _allow_list(settings: Settings) -> list[str]:
@@ -348,10 +383,12 @@ class Turn:
         outcome: TurnOutcome,
         caller: Caller = ANONYMOUS,
         slot: StreamSlot | None = None,
+        lock: conversation.ConversationLock | None = None,
     ) -> None:
         self.resources = resources
         self.caller = caller
         self._slot = slot
+        self._lock = lock  # the conversation's, while this response runs on it
         self.req = req
         self.prepared = prepared
         self.plan = plan
@@ -419,10 +456,19 @@ class Turn:
         telemetry.turn_started(self.outcome)
         try:
             with telemetry.span("turn", model=self.outcome.model, transport=self.outcome.transport):
-                await self._run(emit, hold_terminal, held, persist)
+                if self._lock is None:
+                    await self._run(emit, hold_terminal, held, persist)
+                else:
+                    async with trio.open_nursery() as nursery:  # owned here: the conversation lock's renewals
+                        nursery.start_soon(self._lock.run_renewals)
+                        await self._run(emit, hold_terminal, held, persist)
+                        nursery.cancel_scope.cancel()
         finally:
             self._finish_outcome()
-            await self._settle()
+            with trio.CancelScope(shield=True):
+                if self._lock is not None:
+                    await self._lock.release()  # a response that ended without appending lets it go
+                await self._settle()
 
     async def _settle(self) -> None:
         """Give back the stream slot and count the tokens used, whatever happened."""
@@ -474,7 +520,7 @@ class Turn:
         finally:
             self.answered.set()
         tail = held
-        if self.store and held:
+        if held and (self.store or self._lock is not None):
             tail = await self._store_before(held, persist)
         self.events += tail
         await emit(tail)
@@ -482,8 +528,19 @@ class Turn:
     async def _store_before(
         self, terminal: list[Event], persist: Callable[[StoredResponse], Awaitable[list[Event] | None]] | None
     ) -> list[Event]:
+        """Before the terminal event: its items appended to its conversation, and the response stored.
+
+        A conversation gets the input and output items of a response that
+        completed or ended incomplete; one that failed or was cancelled
+        appends nothing, so that the client can send the same input again.
+        """
         record = self.record([*self.events, *terminal])
         try:
+            if self._lock is not None:
+                ended = record.response.get("status") in ("completed", "incomplete")
+                await self._lock.finish([*record.input_items, *(record.response.get("output") or ())] if ended else [])
+            if not self.store:
+                return terminal
             if persist is None:
                 await save_retrying(self.resources.store, record, within=self.resources.settings.store_retry_seconds)
                 return terminal
