@@ -44,6 +44,7 @@ from .transport.sse import ChatEventStream
 from .transport.websocket import serve_websocket
 from .turn.chat import prepare_chat
 from .turn.compact import prepare_compaction
+from .turn.count import count_input_tokens
 from .turn.relay import chat_relay, prepare_relay
 from .turn.tools import ToolSource
 
@@ -169,6 +170,10 @@ def create_app(
         raw = await body()
         previous = await stored().record(response_id, _ctx().caller.owner)
         return as_response(await respond(app.shared, intake.tool_outputs_request(raw, previous.response), _ctx(), _where()))
+
+    @aliased(app.post, "/responses/input_tokens")
+    async def _input_tokens() -> Response:
+        return as_response(JsonBody(await count_input_tokens(resources(), intake.create_request(await body()), _ctx())))
 
     @aliased(app.post, "/responses/compact")
     async def _compact() -> Response:

@@ -8,7 +8,7 @@ the gateway sent upstream and that it hung up.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,43 @@ def call_delta(index: int, *, id: str | None = None, name: str | None = None, ar
         call["id"] = id
         call["type"] = "function"
     return {"tool_calls": [call]}
+
+
+def token_logprob(token: str, logprob: float, alternatives: Sequence[tuple[str, float]] = ()) -> dict[str, Any]:
+    """One token's log probability as Chat Completions streams it (with its top alternatives)."""
+    return {
+        "token": token,
+        "logprob": logprob,
+        "bytes": list(token.encode()),
+        "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in alternatives],
+    }
+
+
+def logprobs_chunk(text: str, *tokens: dict[str, Any]) -> dict[str, Any]:
+    """A text delta with its tokens' log probabilities (`choices[0].logprobs.content`)."""
+    choice = {"index": 0, "delta": {"content": text}, "logprobs": {"content": list(tokens)}, "finish_reason": None}
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice]}
+
+
+# "Hello, world!" token by token: (token, logprob, alternatives with their logprobs).
+LOGPROB_TOKENS: list[tuple[str, float, list[tuple[str, float]]]] = [
+    ("Hello", -0.25, [("Hello", -0.25), ("Hi", -1.75), ("Hey", -2.5), ("Greetings", -4.0), ("Good", -4.5)]),
+    (",", -0.5, [(",", -0.5), ("!", -1.0), (".", -3.0), (" there", -3.5), (" and", -5.0)]),
+    (" world", -0.125, [(" world", -0.125), (" there", -2.25), (" everyone", -3.0), (" all", -3.25), (" friend", -6.0)]),
+    ("!", -0.0625, [("!", -0.0625), (".", -2.875), ("?", -5.5), (" :)", -6.5), ("!!", -7.0)]),
+]
+
+
+def _logprobs_script(body: dict[str, Any]) -> list[Any]:
+    """"Hello, world!" with log probabilities only when asked (`logprobs: true`), with as many
+    alternatives as `top_logprobs` asks, or all five (as llama.cpp gives its default when not told)."""
+    if body.get("logprobs") is not True:
+        return SCENARIOS["text"]
+    count = body.get("top_logprobs", 5)
+    script: list[Any] = [chunk({"role": "assistant", "content": ""})]
+    for token, logprob, alternatives in LOGPROB_TOKENS:
+        script.append(logprobs_chunk(token, token_logprob(token, logprob, alternatives[:count])))
+    return script + [chunk(finish="stop"), usage_chunk(), b"[DONE]"]
 
 
 # Each scenario: a list of chunks (dicts), b"[DONE]", or markers below.
@@ -211,6 +248,13 @@ SCENARIOS: dict[str, list[Any]] = {
     # Bytes that never make data: the read timeout must still fire.
     "comments-forever": [COMMENTS_FOREVER],
     "trickle": [TRICKLE],
+    "logprobs": [  # every token with its log probability and two alternatives
+        chunk({"role": "assistant", "content": ""}),
+        *[logprobs_chunk(token, token_logprob(token, logprob, alternatives[:2])) for token, logprob, alternatives in LOGPROB_TOKENS],
+        chunk(finish="stop"),
+        usage_chunk(),
+        b"[DONE]",
+    ],
     "unicode": [
         chunk({"content": "line\u2028sep"}),
         chunk({"content": " \u00e9\U0001f600"}),
@@ -405,6 +449,8 @@ class ScriptedBackend:
             script = _numbered_call_script(body)
         elif model.startswith("mcp-"):
             script = _tool_user_script(model, body)
+        elif model == "logprobs-if-asked":
+            script = _logprobs_script(body)
         else:
             script = SCENARIOS.get(model) or LARGE_SCENARIOS.get(model) or SCENARIOS["text"]
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})

@@ -173,7 +173,7 @@ EVERY_FIELD: dict[str, Any] = {
     "reasoning": {"effort": "high", "summary": "concise"},
     "safety_identifier": "user-1234",
     "prompt_cache_key": "cache-key-1",
-    "truncation": "auto",
+    "truncation": "disabled",
     "instructions": "Answer in JSON.",
     "store": False,
     "service_tier": "flex",
@@ -909,20 +909,56 @@ def test_fields_without_a_chat_equivalent_are_echoed_not_forwarded() -> None:
     echoed = {
         "metadata": {"team": "search"},
         "store": False,
-        "safety_identifier": "user-1",
-        "prompt_cache_key": "key-1",
-        "truncation": "auto",
-        "service_tier": "priority",
-        "top_logprobs": 3,
+        "truncation": "disabled",
         "background": True,
         "previous_response_id": "resp_before",
         "max_tool_calls": 2,
     }
-    result = plan(include=["message.output_text.logprobs"], **echoed)
+    result = plan(**echoed)
     assert set(result.body) == {"model", "messages", "stream", "stream_options"}
     for name, value in echoed.items():
         assert result.response[name] == value, name
     validate_response(result.response)
+
+
+def test_fields_with_a_chat_counterpart_are_forwarded_and_echoed() -> None:
+    both = {"safety_identifier": "user-1", "prompt_cache_key": "key-1", "service_tier": "priority"}
+    result = plan(**both, user="end-user-7")
+    for name, value in both.items():
+        assert result.body[name] == value, name
+        assert result.response[name] == value, name
+    assert result.body["user"] == "end-user-7"
+    validate_response(result.response)
+
+
+def test_logprobs_asked_in_include_are_asked_of_the_backend_with_the_number_of_alternatives() -> None:
+    result = plan(include=["message.output_text.logprobs"], top_logprobs=3)
+    assert (result.body["logprobs"], result.body["top_logprobs"]) == (True, 3)
+    assert result.response["top_logprobs"] == 3
+
+
+def test_logprobs_without_alternatives_send_no_top_logprobs() -> None:
+    # llama.cpp answers `top_logprobs: 0` with no log probabilities at all.
+    for fields in ({}, {"top_logprobs": 0}):
+        body = plan(include=["message.output_text.logprobs"], **fields).body
+        assert body["logprobs"] is True and "top_logprobs" not in body
+
+
+def test_a_number_of_alternatives_alone_asks_for_logprobs() -> None:
+    body = plan(top_logprobs=2).body
+    assert (body["logprobs"], body["top_logprobs"]) == (True, 2)
+    assert "logprobs" not in plan(top_logprobs=0).body
+
+
+@pytest.mark.parametrize("value", [-1, 21, 100])
+def test_top_logprobs_outside_0_to_20_is_rejected_naming_it(value: int) -> None:
+    error = rejection(top_logprobs=value)
+    assert (error.param, error.code) == ("top_logprobs", "invalid_value")
+
+
+def test_an_include_value_no_response_can_carry_is_rejected_naming_its_index() -> None:
+    error = rejection(include=["reasoning.encrypted_content", "message.output_text.everything"])
+    assert (error.param, error.code) == ("include[1]", "invalid_value")
 
 
 def test_unset_echo_only_fields_take_their_documented_defaults() -> None:
@@ -1072,6 +1108,9 @@ def test_the_skeleton_of_a_request_setting_every_field_is_valid_and_echoes_it() 
     assert body["max_tokens"] == 256
     assert body["parallel_tool_calls"] is False
     assert body["response_format"]["type"] == "json_schema"
+    assert body["verbosity"] == "low"
+    assert (body["logprobs"], body["top_logprobs"]) == (True, 5)
+    assert (body["safety_identifier"], body["prompt_cache_key"], body["service_tier"]) == ("user-1234", "cache-key-1", "flex")
     assert result.allowed_tools == frozenset({"lookup"})
     assert_no_nulls_forwarded(body)
 

@@ -432,6 +432,34 @@ def test_an_empty_allowed_tools_set_suppresses_every_call():
     assert types(events) == ["response.created", "response.in_progress", "response.completed"]
 
 
+def bounded_translator(max_tool_calls: int) -> ResponseTranslator:
+    request = parse_create_request(b'{"model":"m","input":"hi","max_tool_calls":%d}' % max_tool_calls)
+    response = plan_chat_request(request, response_id="resp_1", created_at=1).response
+    return ResponseTranslator(response, ids=CountingIds(), clock=lambda: CLOCK)
+
+
+def test_calls_beyond_max_tool_calls_are_dropped_as_openai_ignores_them():
+    translator = bounded_translator(2)
+    events = translator.start() + translator.feed_all(SCENARIOS["index0-collisions"][:-1]) + translator.finish()
+    check(events, translator)
+
+    assert [c["call_id"] for c in function_calls(translator.response)] == ["call_1", "call_2"]
+    assert translator.suppressed_calls == ["get_time"]
+    assert translator.response["max_tool_calls"] == 2
+
+
+def test_max_tool_calls_counts_the_calls_of_every_round_of_a_response():
+    translator = bounded_translator(1)
+    events = translator.start() + translator.feed_all(SCENARIOS["text-then-tool"][:-1])
+    more, produced = translator.end_round()
+    events += more + translator.feed_all(SCENARIOS["parallel-tools"][:-1]) + translator.finish()
+    check(events, translator)
+
+    assert [c.call_id for c in produced.calls] == ["call_x"]
+    assert [c["call_id"] for c in function_calls(translator.response)] == ["call_x"]
+    assert translator.suppressed_calls == ["get_weather", "get_time"]
+
+
 def test_allowed_tools_still_lets_text_through():
     translator, _ = run(SCENARIOS["text-then-tool"], allowed_tools=set())
 

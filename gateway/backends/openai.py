@@ -332,7 +332,8 @@ class OpenAICompatibleBackend:
             self._v1 = root if root.endswith("/v1") else root + "/v1"
         self._chat_url = httpx2.URL(self._v1 + "/chat/completions")
         self._root = self._v1.removesuffix("/v1")  # where vLLM and llama.cpp serve their tokenizers
-        self._counter: str | None = None  # which way of counting tokens this server answered (see count_tokens)
+        # How this server counts tokens, once one way has answered: "vllm", "llamacpp" or "completion".
+        self.counts_by: str | None = None
         self.url = public_url(self._v1)
         self.label = f"{name}@{self.url}"  # which backend answered, in a log line (no spaces, no secrets)
         self._auth = {**(headers or {}), **({"authorization": f"Bearer {api_key}"} if api_key else {})}
@@ -454,7 +455,7 @@ class OpenAICompatibleBackend:
 
     async def _count(self, body: dict[str, Any], headers: Mapping[str, str] | None) -> int:
         media = _has_media(body)
-        ways = ["completion"] if media else [self._counter] if self._counter else ["vllm", "llamacpp", "completion"]
+        ways = ["completion"] if media else [self.counts_by] if self.counts_by else ["vllm", "llamacpp", "completion"]
         for index, way in enumerate(ways):
             last = index == len(ways) - 1
             try:
@@ -465,10 +466,8 @@ class OpenAICompatibleBackend:
                 continue  # not a way this server counts (a 404, or another server's /tokenize)
             if count is not None:
                 if not media:
-                    self._counter = way
+                    self.counts_by = way
                 return count
-            if last:
-                break
         raise BackendError(
             f"The backend '{self.name}' cannot count tokens exactly: neither a tokenizer endpoint "
             "nor the usage of a completion gave a count.",

@@ -64,6 +64,17 @@ class ResponseSession:
         return self.translator.done
 
     @property
+    def logprobs_missing(self) -> bool:
+        """Log probabilities were asked of the backend, it sent text, and none came with it.
+
+        The response's `logprobs` are then empty.  Data for the shell, which
+        logs it once (INFO) when the response ends: the gateway says so
+        rather than pretending.
+        """
+        translator = self.translator
+        return self.request.get("logprobs") is True and translator.text_seen and not translator.logprobs_seen
+
+    @property
     def round_over(self) -> bool:
         """The current backend round needs no more chunks."""
         return not self._streaming or self.translator.done

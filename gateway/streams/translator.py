@@ -19,6 +19,13 @@ Life cycle:
     # or: events += t.fail(code, message)   -> error + response.failed
 
 After the terminal event every call returns [] and `t.response` is final.
+
+Two settings echoed in the skeleton are honoured here: `max_tool_calls`
+(calls beyond it are dropped, as calls `tool_choice` does not allow are)
+and `top_logprobs` (each token's alternatives are cut to that many).  A
+chunk's `logprobs.content` goes, mapped to OpenAI's `LogProb`, into the
+`response.output_text.delta` of its text, and all of a part's into its
+`response.output_text.done`, the `output_text` part and the final response.
 """
 
 from __future__ import annotations
@@ -290,8 +297,44 @@ def _parts_text(parts: list[dict[str, Any]]) -> str:
     )
 
 
+def _logprobs(entries: Any, top: int | None) -> list[dict[str, Any]]:
+    """Chat `logprobs.content` as Responses `LogProb`s, each with at most `top` alternatives.
+
+    Log probabilities are extra data: an entry the gateway cannot read (no
+    string token, no number) is left out rather than failing the response.
+    """
+    if not isinstance(entries, list):
+        return []
+    out: list[dict[str, Any]] = []
+    for entry in entries:
+        mapped = _logprob(entry)
+        if mapped is None:
+            continue
+        alternatives = entry.get("top_logprobs")
+        tops = [t for t in map(_logprob, alternatives) if t is not None] if isinstance(alternatives, list) else []
+        mapped["top_logprobs"] = tops if top is None else tops[:top]
+        out.append(mapped)
+    return out
+
+
+def _logprob(entry: Any) -> dict[str, Any] | None:
+    """One chat token (`token`, `logprob`, `bytes`) as a `TopLogProb`, or None."""
+    if not isinstance(entry, dict):
+        return None
+    token = entry.get("token")
+    logprob = entry.get("logprob")
+    if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
+        return None
+    raw = entry.get("bytes")
+    if isinstance(raw, list) and all(type(b) is int for b in raw):
+        data = raw
+    else:  # OpenAI sends null for a token without a byte form; the spec wants a list
+        data = list(token.encode("utf-8", "surrogatepass"))
+    return {"token": token, "logprob": logprob, "bytes": data}
+
+
 class _Message:
-    __slots__ = ("index", "id", "parts", "kind", "chunks")
+    __slots__ = ("index", "id", "parts", "kind", "chunks", "logprobs")
 
     def __init__(self, index: int, item_id: str) -> None:
         self.index = index
@@ -299,6 +342,7 @@ class _Message:
         self.parts: list[dict[str, Any]] = []  # finished content parts
         self.kind: str | None = None  # "output_text" | "refusal" while a part is open
         self.chunks: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []  # the open output_text part's
 
 
 class _Reasoning:
@@ -466,6 +510,15 @@ class ResponseTranslator:
         self._finish_reason: str | None = None
         self._usage: Mapping[str, Any] | None = None
         self.suppressed_calls: list[str] = []
+        # Settings the skeleton echoes that the event stream honours.
+        max_calls = response.get("max_tool_calls")
+        self._max_calls: int | None = max_calls if isinstance(max_calls, int) else None
+        self._calls_made = 0
+        top = response.get("top_logprobs")
+        self._top_logprobs: int | None = top if isinstance(top, int) else None
+        self._stray_logprobs: list[dict[str, Any]] = []  # came without text: they go with the next delta
+        self.text_seen = False  # output text was produced
+        self.logprobs_seen = False  # and log probabilities with it
         self.started = False
         self.done = False
 
@@ -529,8 +582,12 @@ class ResponseTranslator:
             content = delta.get("content")
             if content and not isinstance(content, str):
                 content = _parts_text(content)
+            logprobs = choice.get("logprobs")
+            tokens = _logprobs(logprobs.get("content"), self._top_logprobs) if isinstance(logprobs, dict) else []
             if content:
-                self._on_text("output_text", content, events)
+                self._on_text("output_text", content, events, tokens)
+            elif tokens:
+                self._stray_logprobs += tokens
             refusal = delta.get("refusal")
             if refusal:
                 self._on_text("refusal", refusal, events)
@@ -553,13 +610,19 @@ class ResponseTranslator:
         through `chunk_problem` and `_on_text`, in a few lookups.
         """
         message = self._message
-        if message is None or message.kind != "output_text" or self._reasoning is not None or type(chunk) is not dict:
+        if (
+            message is None
+            or message.kind != "output_text"
+            or self._reasoning is not None
+            or type(chunk) is not dict
+            or self._stray_logprobs
+        ):
             return None
         choices = chunk.get("choices")
         if type(choices) is not list or len(choices) != 1 or chunk.get("usage") is not None:
             return None
         choice = choices[0]
-        if type(choice) is not dict or choice.get("finish_reason") is not None:
+        if type(choice) is not dict or choice.get("finish_reason") is not None or choice.get("logprobs") is not None:
             return None
         delta = choice.get("delta")
         if type(delta) is not dict or not (len(delta) == 1 or (len(delta) == 2 and type(delta.get("role")) is str)):
@@ -706,6 +769,7 @@ class ResponseTranslator:
     ) -> list[Event]:
         """A gateway tool call made outside a backend round (an approved request): the whole item at once."""
         events = self.start() if not self.started else []
+        self._calls_made += 1
         call = _Call(None)
         call.kind, call.server, call.name = MCP_CALL, server_label, name
         call.index, call.id = self._new_slot(), self._ids(MCP_CALL.id_prefix)
@@ -864,7 +928,7 @@ class ResponseTranslator:
 
     # message text and refusal -------------------------------------------
 
-    def _on_text(self, kind: str, text: str, events: list[Event]) -> None:
+    def _on_text(self, kind: str, text: str, events: list[Event], logprobs: list[dict[str, Any]] | None = None) -> None:
         self._close_reasoning(events)
         message = self._message
         if message is None:
@@ -898,6 +962,13 @@ class ResponseTranslator:
         message.chunks.append(text)
         self._output_chars += len(text)
         if kind == "output_text":
+            self.text_seen = True
+            if self._stray_logprobs:
+                logprobs = [*self._stray_logprobs, *(logprobs or ())]
+                self._stray_logprobs = []
+            if logprobs:
+                self.logprobs_seen = True
+                message.logprobs += logprobs
             events.append(
                 self._event(
                     "response.output_text.delta",
@@ -905,7 +976,7 @@ class ResponseTranslator:
                     output_index=message.index,
                     content_index=len(message.parts),
                     delta=text,
-                    logprobs=[],
+                    logprobs=logprobs or [],
                 )
             )
         else:
@@ -926,16 +997,18 @@ class ResponseTranslator:
         text = "".join(message.chunks)
         index = len(message.parts)
         common = {"item_id": message.id, "output_index": message.index, "content_index": index}
+        logprobs = message.logprobs
         if kind == "output_text":
             self._round_text.append(text)
-            events.append(self._event("response.output_text.done", **common, text=text, logprobs=[]))
+            events.append(self._event("response.output_text.done", **common, text=text, logprobs=list(logprobs)))
         else:
             events.append(self._event("response.refusal.done", **common, refusal=text))
-        part = _part(kind, text)
-        events.append(self._event("response.content_part.done", **common, part=dict(part)))
+        part = _part(kind, text, logprobs)
+        events.append(self._event("response.content_part.done", **common, part=_copy_part(part)))
         message.parts.append(part)
         message.kind = None
         message.chunks = []
+        message.logprobs = []
 
     def _close_message(self, status: str, events: list[Event]) -> None:
         message = self._message
@@ -1003,10 +1076,12 @@ class ResponseTranslator:
 
     def _open_call(self, call: _Call, events: list[Event], status: str = "completed") -> None:
         self._unopened.remove(call)
-        if self._allowed is not None and call.name not in self._allowed:
+        over_limit = self._max_calls is not None and self._calls_made >= self._max_calls
+        if over_limit or (self._allowed is not None and call.name not in self._allowed):
             call.suppressed = True
             self.suppressed_calls.append(call.name)
             return
+        self._calls_made += 1
         self._close_reasoning(events)
         self._close_message(status, events)
         call.index = self._new_slot()
@@ -1073,16 +1148,23 @@ class ResponseTranslator:
         self._calls = {}
 
 
-def _part(kind: str, text: str) -> dict[str, Any]:
+def _part(kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     if kind == "output_text":
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {"type": "refusal", "refusal": text}
+
+
+def _copy_part(part: dict[str, Any]) -> dict[str, Any]:
+    copy = dict(part)
+    if copy.get("logprobs"):
+        copy["logprobs"] = list(copy["logprobs"])  # the entries themselves are never changed
+    return copy
 
 
 def _copy_item(item: dict[str, Any]) -> dict[str, Any]:
     copy = dict(item)
     if "content" in copy:
-        copy["content"] = [dict(part) for part in copy["content"]]
+        copy["content"] = [_copy_part(part) for part in copy["content"]]
     return copy
 
 

@@ -327,6 +327,19 @@ class ConversationLocks:
             )
         return ConversationLock(self, conversation_id, holder), list(found.items)
 
+    async def items(self, conversation_id: str, owner: str | None) -> list[dict[str, Any]]:
+        """The conversation's items, without taking it (a count of a request's input).
+
+        Raises:
+            NotFound: no such conversation for `owner` (`conversation_not_found`).
+        """
+        found = await self.store.load_conversation(conversation_id)
+        if found is None or found.owner != owner:
+            raise NotFound(
+                f"Conversation with id '{conversation_id}' not found.", param="conversation", code="conversation_not_found"
+            )
+        return list(found.items)
+
     async def renew(self, lock: ConversationLock) -> None:
         until = self.clock() + self.lease
 

@@ -16,13 +16,9 @@ Knows the turn engine and the backend interface; nothing of HTTP.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import Any
 
-import trio
-
 from ..intake import RequestContext
-from ..keys import Limiter
 from ..wire import CreateResponseRequest
 from .engine import Resources, prepare_turn
 
@@ -41,24 +37,18 @@ async def count_input_tokens(resources: Resources, req: CreateResponseRequest, c
         BackendError: the backend could not be reached, or cannot count
             (`token_count_unavailable`, 502).
     """
-    # A limiter without a store checks the key's model list and reserves nothing.
-    counting = dataclasses.replace(resources, limiter=Limiter(None))
     # `store` and `background` are a generation's: a count is never stored nor run in the background.
-    planned = req.model_copy(update={"store": False, "background": False, "stream": False})
+    planned = req.model_copy(update={"store": False, "background": False})
     tools_wanted = ctx.gateway_tools((req.model_extra or {}).get("gateway_tools"))
     turn = await prepare_turn(
-        counting, planned, transport="count", caller=ctx.caller, gateway_tools=tools_wanted, request_id=ctx.request_id
+        resources, planned, transport="count", caller=ctx.caller, gateway_tools=tools_wanted, request_id=ctx.request_id,
+        admit=False,  # no lock, no reservation, no slot: only the key's model list holds
     )
-    lock = getattr(turn, "_lock", None)  # a conversation's: its items are read, it is not held
-    if lock is not None:
-        with trio.CancelScope(shield=True):
-            await lock.release()
 
     async def discard(events: list[Any]) -> None:
-        pass  # the listings a create would stream: nothing is streamed
+        pass  # the tool listings a create would stream
 
     async with contextlib.AsyncExitStack() as stack:  # hosted MCP servers, connected to list their tools
-        # The one place tools are offered (hosted first, then configured, and `tool_choice`).
-        await turn._offer_tools(stack, discard)
+        await turn.offer_tools(stack, discard)  # the turn's own offering: one rule, not a copy
     tokens = await resources.backend.count_tokens(turn.session.request, headers=resources.telemetry.trace_headers())
     return {"object": "response.input_tokens", "input_tokens": tokens}

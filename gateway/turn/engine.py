@@ -266,6 +266,7 @@ async def prepare_turn(
     gateway_tools: bool = True,
     cached: tuple[str, Sequence[Any]] | None = None,
     request_id: str | None = None,
+    admit: bool = True,
 ) -> Turn:
     """Everything that can refuse the request, done before any byte is sent.
 
@@ -275,6 +276,9 @@ async def prepare_turn(
     `previous_response_id` naming it is answered from there, so that
     `store: false` turns can continue.  The caller's limits are checked
     last, and a stream slot taken, which the turn gives back when it ends.
+    `admit=False` plans a turn that will not run (a count of its input):
+    a conversation's items are read without taking its lock, and only the
+    key's model list is checked (no tokens reserved, no slot taken).
 
     Raises:
         InvalidRequest: the request cannot be served as it is (400), such as a
@@ -291,11 +295,15 @@ async def prepare_turn(
         )
     conversation_id = conversation.conversation_id_of(req)
     response_id = resources.ids("resp")
-    lock = None
-    if conversation_id is not None:  # taken first, for its items; let go if anything below refuses
+    lock, items = None, []
+    if conversation_id is not None and not admit:
+        items = await resources.conversation_locks.items(conversation_id, caller.owner)
+    elif conversation_id is not None:  # taken first, for its items; let go if anything below refuses
         lock, items = await resources.conversation_locks.acquire(conversation_id, caller.owner, response_id)
     try:
-        return await _prepare(resources, req, transport, caller, gateway_tools, cached, request_id, response_id, lock, items if lock else [])
+        return await _prepare(
+            resources, req, transport, caller, gateway_tools, cached, request_id, response_id, lock, items, admit
+        )
     except BaseException:
         if lock is not None:
             with trio.CancelScope(shield=True):
@@ -314,6 +322,7 @@ async def _prepare(
     response_id: str,
     lock: conversation.ConversationLock | None,
     conversation_items: list[dict[str, Any]],
+    admit: bool,
 ) -> Turn:
     settings = resources.settings
     visible = OwnerView(resources.store, caller.owner)
@@ -334,8 +343,8 @@ async def _prepare(
         history=prepared.history,
         items=prepared.input,
     )
-    if lock is not None:
-        plan.response["conversation"] = {"id": lock.conversation_id}
+    if conversation_items or lock is not None:
+        plan.response["conversation"] = {"id": conversation.conversation_id_of(req)}
     hosted = hosted_specs(req.tools)
     await check_hosted(hosted, resources.mcp, _allow_list(settings), caller.limits)
     translator = ResponseTranslator(
@@ -360,7 +369,9 @@ async def _prepare(
     tokens, max_tokens = token_reservation(plan.body, caller.limits)
     if max_tokens is not None:
         plan.body["max_tokens"] = max_tokens  # what it reserved bounds what it may use
-    slot = await resources.limiter.admit_stream(caller, model, response_id, tokens=tokens)
+    if not admit:
+        resources.limiter.check_model(caller, model)
+    slot = await resources.limiter.admit_stream(caller, model, response_id, tokens=tokens) if admit else None
     return Turn(resources, req, prepared, plan, translator, hosted, gateway_tools, outcome, caller, slot, lock)
 
 
@@ -490,7 +501,7 @@ class Turn:
         try:
             with self.resources.drain.stoppable() as stop:  # a drain out of time ends the turn here
                 async with contextlib.AsyncExitStack() as stack:  # the hosted MCP sessions live here
-                    tools = await self._offer_tools(stack, hold_terminal)
+                    tools = await self.offer_tools(stack, hold_terminal)
                     await self._resume_approvals(tools, hold_terminal)
                     failure = await run_rounds(
                         session,
@@ -589,6 +600,12 @@ class Turn:
         outcome.error = self.response.get("error")
         outcome.rounds = self.session.rounds + 1
         outcome.finished_at = trio.current_time()
+        if self.session.logprobs_missing:
+            log.info(
+                "response %s: logprobs were asked for, but backend %s returned none; they are empty",
+                outcome.response_id,
+                outcome.backend or "-",
+            )
 
     def ping(self) -> Event | None:
         """A numbered `ping` for a quiet stream (TOOL_CALL_PROTOCOL=required_action), kept in the
@@ -606,7 +623,7 @@ class Turn:
 
     # --- tools ---------------------------------------------------------------------
 
-    async def _offer_tools(self, stack: contextlib.AsyncExitStack, emit: Emit) -> RequestTools:
+    async def offer_tools(self, stack: contextlib.AsyncExitStack, emit: Emit) -> RequestTools:
         """The gateway's tools for this response: hosted servers first, then configured ones."""
         resources = self.resources
         plan = self.plan

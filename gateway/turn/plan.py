@@ -4,6 +4,11 @@ Pure functions: no I/O, no clock (the caller passes the id and timestamp).
 Decides how every field of `CreateResponseBody` reaches a Chat Completions
 backend, and what the response object echoes back.  It must not know how
 the backend is reached or how events are transported.
+
+`REQUEST_FIELDS` is the one table of what becomes of each field a client
+may send (forwarded, done by the gateway, echoed, refused): the planner
+refuses and copies fields by it, the README's "Request fields" section is
+it, and a test walks it over real sockets.
 """
 
 from __future__ import annotations
@@ -11,9 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
+from pydantic import BaseModel
 
 from ..errors import InvalidRequest
 from ..wire import (
@@ -30,13 +36,182 @@ from ..wire import (
     Refusal,
 )
 
-__all__ = ["ChatPlan", "ToolKind", "TranslateOptions", "flat_name", "plan_chat_request", "results_without_calls"]
+__all__ = [
+    "REQUEST_FIELDS",
+    "ChatPlan",
+    "RequestField",
+    "ToolKind",
+    "TranslateOptions",
+    "flat_name",
+    "plan_chat_request",
+    "results_without_calls",
+]
 
 log = logging.getLogger("gateway.plan")
 
 # Items in input that record the gateway's own work and carry nothing for the model.
 _CONTEXT_ONLY_ITEMS = frozenset({"mcp_list_tools", "mcp_approval_request", "mcp_approval_response"})
 _ROLE_FOR_CHAT = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+
+
+# --- what becomes of each field --------------------------------------------------------
+
+Fate = Literal["forwarded", "done", "echoed", "refused"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestField:
+    """What becomes of one field of a create request: a row of the README's "Request fields".
+
+    forwarded  the Chat Completions request carries it (`chat`: copied there unchanged)
+    done       the gateway itself does what it asks
+    echoed     the response object (and the stored record) carries it back; nothing else to do
+    refused    400 naming it: the gateway cannot deliver what it asks for.  `allowed`
+               values are not refused (they ask for what the gateway does anyway).
+    """
+
+    name: str  # its path in the request body: `text.verbosity`
+    fate: Fate
+    how: str  # one line of Markdown
+    value: str | None = None  # the row is about this one value (an `include` entry), else any value
+    chat: str | None = None
+    allowed: tuple[Any, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return self.name if self.value is None else f"{self.name}: {self.value}"
+
+
+_LOGPROBS = "message.output_text.logprobs"
+
+
+def _skipped_tool(tool: str, item: str) -> str:
+    return f"nothing to include: the `{tool}` tool is left out (see `tools`), so no `{item}` item is ever produced"
+
+
+REQUEST_FIELDS: tuple[RequestField, ...] = (
+    RequestField("model", "forwarded", "the chat `model` (with several backends it also picks the route); echoed", chat="model"),
+    RequestField("input", "forwarded", "the chat `messages`, item by item (see How requests are translated); stored as the response's input items"),
+    RequestField("instructions", "forwarded", "a leading `system` message; echoed (`previous_response_id` does not carry it over)"),
+    RequestField("previous_response_id", "done", "the stored chain's input and output go before the new input (404 `previous_response_not_found` if unknown); echoed"),
+    RequestField("conversation", "done", "the conversation's items go before the new input, and the response's items are added to it (Conversations API)"),
+    RequestField(
+        "include", "forwarded",
+        "chat `logprobs: true`; each chunk's token log probabilities go into its `response.output_text.delta`, and all of "
+        "them into `response.output_text.done`, the `output_text` part and the stored response; a backend that returns "
+        "none leaves `logprobs` empty, and the gateway logs that it did",
+        value=_LOGPROBS,
+    ),
+    RequestField("include", "done", "reasoning items carry `encrypted_content`, sealed with `GATEWAY_SECRET_KEY`; sent back, it reaches the backend as `reasoning_content`", value="reasoning.encrypted_content"),
+    RequestField("include", "done", "always so: stored input items keep their `image_url` (`GET /v1/responses/{id}/input_items`)", value="message.input_image.image_url"),
+    RequestField("include", "done", "nothing to include: `computer_call_output` input items are refused (no chat backend runs a computer)", value="computer_call_output.output.image_url"),
+    RequestField("include", "done", _skipped_tool("file_search", "file_search_call"), value="file_search_call.results"),
+    RequestField("include", "done", _skipped_tool("web_search", "web_search_call"), value="web_search_call.results"),
+    RequestField("include", "done", _skipped_tool("web_search", "web_search_call"), value="web_search_call.action.sources"),
+    RequestField("include", "done", _skipped_tool("code_interpreter", "code_interpreter_call"), value="code_interpreter_call.outputs"),
+    RequestField(
+        "tools", "forwarded",
+        "`function` and `custom` tools (`namespace` ones flattened to `namespace__name`) as chat `tools`; `mcp` servers "
+        "are run by the gateway (see MCP tools); types no chat backend can serve (`web_search`, `file_search`, "
+        "`code_interpreter`, …) are left out, with a warning in the log; echoed",
+    ),
+    RequestField("tool_choice", "forwarded", "chat `tool_choice`; `allowed_tools` sends only the allowed subset, and calls outside what it allows are dropped from the output; echoed"),
+    RequestField("parallel_tool_calls", "forwarded", "chat `parallel_tool_calls`, when there are tools to call; echoed"),
+    RequestField("max_tool_calls", "done", "at most this many tool calls in the response (the client's functions and the gateway's MCP tools together); later calls are dropped, as OpenAI ignores them; echoed"),
+    RequestField("text.format", "forwarded", "chat `response_format` (`json_schema`, `json_object`; `text` sends none); echoed"),
+    RequestField("text.verbosity", "forwarded", "chat `verbosity`; echoed", chat="verbosity"),
+    RequestField("temperature", "forwarded", "chat `temperature`; echoed", chat="temperature"),
+    RequestField("top_p", "forwarded", "chat `top_p`; echoed", chat="top_p"),
+    RequestField("presence_penalty", "forwarded", "chat `presence_penalty`; echoed", chat="presence_penalty"),
+    RequestField("frequency_penalty", "forwarded", "chat `frequency_penalty`; echoed", chat="frequency_penalty"),
+    RequestField(
+        "top_logprobs", "forwarded",
+        "chat `top_logprobs` (from 1), with `logprobs: true`: a number of alternatives asks for log probabilities; "
+        "0–20, else 400; alternatives beyond it are cut; echoed",
+    ),
+    RequestField("max_output_tokens", "forwarded", "chat `max_tokens`; echoed", chat="max_tokens"),
+    RequestField("reasoning.effort", "forwarded", "chat `reasoning_effort`; echoed", chat="reasoning_effort"),
+    RequestField("reasoning.summary", "echoed", "echoed; the backend's reasoning comes back whole, as `reasoning_text` (no summary is made)"),
+    RequestField("reasoning.generate_summary", "echoed", "OpenAI's deprecated name for `summary`: echoed as `reasoning.summary`"),
+    RequestField("reasoning.context", "done", "`current_turn`: reasoning items before the last user message are not sent; `all_turns` and `auto`: every reasoning item reaches the backend as `reasoning_content`"),
+    RequestField("reasoning.mode", "refused", "anything but `standard`: a chat backend has one execution mode", allowed=("standard",)),
+    RequestField("user", "forwarded", "chat `user`", chat="user"),
+    RequestField("safety_identifier", "forwarded", "chat `safety_identifier`; echoed", chat="safety_identifier"),
+    RequestField("prompt_cache_key", "forwarded", "chat `prompt_cache_key`; echoed", chat="prompt_cache_key"),
+    RequestField("prompt_cache_retention", "forwarded", "chat `prompt_cache_retention`", chat="prompt_cache_retention"),
+    RequestField("prompt_cache_options", "forwarded", "chat `prompt_cache_options`, its `mode` and `ttl` (backends that cache prefixes on their own, as vLLM and llama.cpp do, ignore it)"),
+    RequestField("prompt_cache_options.prewarm", "refused", "`true`: the gateway always generates; it cannot only warm a cache", allowed=(False,)),
+    RequestField("prompt_cache_options.comparison_response_id", "refused", "prompt cache diagnostics come from OpenAI's own cache, which no chat backend reports"),
+    RequestField("service_tier", "forwarded", "chat `service_tier`; echoed as asked (a chat backend does not say which tier served it)", chat="service_tier"),
+    RequestField("metadata", "echoed", "echoed and stored; not sent to the backend"),
+    RequestField("store", "done", "`false` keeps nothing (no `GET`, no `previous_response_id` to it); echoed"),
+    RequestField("stream", "done", "`true`: server-sent events; otherwise one JSON answer (the backend is always streamed)"),
+    RequestField("stream_options.include_obfuscation", "refused", "`true`: the gateway never pads streamed deltas with `obfuscation`; `false` says just that", allowed=(False,)),
+    RequestField("background", "done", "run by the gateway's background runner: `queued` at once, then poll, follow or cancel it; echoed"),
+    RequestField("background_options", "done", "a background response starts at once, which meets every `completion_window`; `continuation_id` has nothing to order"),
+    RequestField("truncation", "refused", "`auto`: the gateway knows neither the backend's context window nor its tokenizer, so it cannot drop items to fit; `disabled` (the default, echoed) is what happens: too long an input gets the backend's 400", allowed=("disabled",)),
+    RequestField("context_management", "refused", "automatic compaction: the gateway compacts only when asked, with `POST /v1/responses/compact`"),
+    RequestField("prompt", "refused", "the gateway keeps no reusable prompts: send their text as `instructions` and `input`"),
+    RequestField("moderation", "refused", "the gateway runs no moderation model, and cannot tell whether a backend would"),
+    RequestField("image.context_compression", "refused", "`enabled`: images reach the backend as they were sent, never compressed; `auto` and `disabled` are accepted", allowed=("auto", "disabled")),
+    RequestField("access_programs.cyber", "refused", "anything but `standard`: OpenAI's access programs do not exist on a chat backend", allowed=("standard",)),
+    RequestField("gateway_tools", "done", "the gateway's own: `false` (or `\"none\"`) offers none of the gateway's MCP tools, as the header `x-gateway-tools: none` does"),
+)
+
+_REFUSED = tuple(row for row in REQUEST_FIELDS if row.fate == "refused" and row.value is None)
+_COPIED: tuple[tuple[str, str], ...] = tuple((row.name, row.chat) for row in REQUEST_FIELDS if row.chat is not None)
+_INCLUDES = {row.value: row for row in REQUEST_FIELDS if row.name == "include" and row.value is not None}
+
+
+def _field_value(req: BaseModel, path: str) -> Any:
+    """The value at `path` (`text.verbosity`) of a request, declared or not; None when absent.
+
+    Objects come back as plain dicts, without their null fields.
+    """
+    value: Any = req
+    for part in path.split("."):
+        if isinstance(value, BaseModel):
+            value = getattr(value, part) if part in type(value).model_fields else (value.model_extra or {}).get(part)
+        elif isinstance(value, dict):
+            value = value.get(part)
+        else:
+            return None
+    return value.model_dump(exclude_none=True) if isinstance(value, BaseModel) else value
+
+
+def _refuse_what_cannot_be_served(req: CreateResponseRequest) -> None:
+    """Raises `InvalidRequest` naming the first field whose ask the gateway cannot deliver."""
+    for row in _REFUSED:
+        value = _field_value(req, row.name)
+        if value is None or value == [] or value == {}:
+            continue  # asks for nothing
+        if any(type(value) is type(ok) and value == ok for ok in row.allowed):
+            continue
+        why = row.how.replace("`", "'")
+        if row.allowed:
+            shown = orjson.dumps(value).decode()
+            raise InvalidRequest(
+                f"Unsupported value for '{row.name}': {shown}. This gateway cannot serve it: {why}.",
+                param=row.name,
+                code="invalid_value",
+            )
+        raise InvalidRequest(
+            f"'{row.name}' is not supported by this gateway: {why}.", param=row.name, code="unsupported_parameter"
+        )
+    for index, entry in enumerate(req.include or ()):
+        included = _INCLUDES.get(entry)
+        if included is None:
+            raise InvalidRequest(
+                f"Invalid value for 'include[{index}]': '{entry}' is not something a response can include.",
+                param=f"include[{index}]",
+                code="invalid_value",
+            )
+        if included.fate == "refused":
+            raise InvalidRequest(
+                f"'include' value '{entry}' is not supported by this gateway: {included.how.replace('`', chr(39))}.",
+                param=f"include[{index}]",
+                code="unsupported_parameter",
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +271,16 @@ def plan_chat_request(
     """
     if not req.model:
         raise InvalidRequest.missing("model")
+    _refuse_what_cannot_be_served(req)
 
+    current_turn = req.reasoning is not None and req.reasoning.context == "current_turn"
     if history or items is not None:
         source: Any = list(items) if items is not None else req.input
         current: list[Any] = [MessageItem(role="user", content=source)] if isinstance(source, str) else list(source or [])
-        messages = _instructions(req.instructions, options) + _input_messages([*history, *current], options)
+        conversation = _input_messages([*history, *current], options, current_turn_only=current_turn)
     else:
-        messages = _instructions(req.instructions, options) + _input_messages(req.input, options)
+        conversation = _input_messages(req.input, options, current_turn_only=current_turn)
+    messages = _instructions(req.instructions, options) + conversation
     if not messages:
         raise InvalidRequest("The request has no input.", param="input", code="missing_required_parameter")
 
@@ -136,15 +314,18 @@ def plan_chat_request(
     response_format = _response_format(text_format)
     if response_format is not None:
         body["response_format"] = response_format
-    if req.max_output_tokens is not None:
-        body["max_tokens"] = req.max_output_tokens
-    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
-        value = getattr(req, name)
+    for name, chat_name in _COPIED:
+        value = _field_value(req, name)
         if value is not None:
-            body[name] = value
-    effort = req.reasoning.effort if req.reasoning is not None else None
-    if isinstance(effort, str) and effort:
-        body["reasoning_effort"] = effort
+            body[chat_name] = value
+    if _LOGPROBS in (req.include or ()) or req.top_logprobs:
+        body["logprobs"] = True
+        if req.top_logprobs:
+            # Only from 1: llama.cpp answers `top_logprobs: 0` with no log probabilities at all.
+            body["top_logprobs"] = req.top_logprobs
+    cache = req.prompt_cache_options
+    if cache is not None and (cache.mode is not None or cache.ttl is not None):
+        body["prompt_cache_options"] = {k: v for k, v in (("mode", cache.mode), ("ttl", cache.ttl)) if v is not None}
 
     response = _skeleton(req, response_id, created_at, echo_tools, tool_choice_echo, text_format)
     return ChatPlan(body=body, response=response, allowed_tools=allowed, skipped_tools=skipped, tool_kinds=kinds)
@@ -161,11 +342,19 @@ def _instructions(instructions: Any, options: TranslateOptions) -> list[dict[str
     return _input_messages(instructions, options, where="instructions")
 
 
-def _input_messages(items: Any, options: TranslateOptions, where: str = "input") -> list[dict[str, Any]]:
+def _input_messages(
+    items: Any, options: TranslateOptions, where: str = "input", *, current_turn_only: bool = False
+) -> list[dict[str, Any]]:
+    """Chat messages for input items.  `current_turn_only` (`reasoning.context: current_turn`)
+    leaves out the reasoning items before the last user message."""
     if items is None:
         return []
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
+    first_reasoning = 0
+    if current_turn_only:
+        users = [i for i, item in enumerate(items) if isinstance(item, MessageItem) and item.role == "user"]
+        first_reasoning = users[-1] if users else 0
     builder = _MessageBuilder(options)
     for index, item in enumerate(items):
         param = f"{where}[{index}]"
@@ -176,7 +365,8 @@ def _input_messages(items: Any, options: TranslateOptions, where: str = "input")
         elif isinstance(item, FunctionCallOutputItem):
             builder.function_call_output(item, param)
         elif isinstance(item, ReasoningItem):
-            builder.reasoning(item)
+            if index >= first_reasoning:
+                builder.reasoning(item)
         elif isinstance(item, ItemReference):
             raise InvalidRequest(
                 f"Item '{item.id}' referenced by '{param}' was not found.", param=param, code="item_not_found"
@@ -738,8 +928,10 @@ def _skeleton(
     if req.text is not None and req.text.verbosity:
         text["verbosity"] = req.text.verbosity
     reasoning = None
-    if req.reasoning is not None and (req.reasoning.effort is not None or req.reasoning.summary is not None):
-        reasoning = {"effort": req.reasoning.effort, "summary": req.reasoning.summary}
+    if req.reasoning is not None:
+        summary = req.reasoning.summary or req.reasoning.generate_summary
+        if req.reasoning.effort is not None or summary is not None:
+            reasoning = {"effort": req.reasoning.effort, "summary": summary}
     return {
         "id": response_id,
         "object": "response",
