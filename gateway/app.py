@@ -25,13 +25,14 @@ from .backends import Backend
 from .config import Settings
 from .call import Call, Handler
 from .conversations import ROUTES as CONVERSATION_ROUTES
+from .messages import ROUTES as MESSAGES_ROUTES
+from .models import ROUTES as MODEL_ROUTES
 from .drain import Drain
 from .edge import Edge
 from .errors import GatewayError, InternalError, NotFound
 from .intake import RequestContext
 from .keys import KeyStore
 from .lifespan import Lifespan, Shared
-from .backends.routing import models_for
 from .observe import Telemetry, build_telemetry, metrics_page
 from .responses import ResponsesRoute, respond
 from .store import ResponseStore
@@ -149,7 +150,8 @@ def create_app(
         elif not isinstance(error, GatewayError):
             log.debug("internal error detail", exc_info=error)
             error = InternalError("The gateway failed to process the request.", cause=type(error).__name__)
-        status, body, headers = render.answer(error, _where())
+        dialect = render.dialect_of(request.path, request.scope.get("headers", ()))
+        status, body, headers = render.answer(error, _where(), dialect=dialect, request_id=_ctx().request_id)
         return Response(body, status=status, headers=headers)
 
     async def body() -> bytes:
@@ -186,14 +188,17 @@ def create_app(
 
     def resource_route(handler: Handler) -> Callable[..., Any]:
         async def view(**params: str) -> Response:
-            return as_response(await handler(Call(app.shared, _ctx(), params, request.args, body)))
+            headers = {name.lower(): value for name, value in request.headers.items()}
+            call = Call(app.shared, _ctx(), params, request.args, body, headers, request.query_string)
+            return as_response(await handler(call))
 
         return view
 
-    for method, rule, handler in [*STORED_ROUTES, *CONVERSATION_ROUTES]:  # gateway.stored, gateway.conversations
+    # gateway.stored, .conversations, .messages (Anthropic's Messages API), .models
+    for method, rule, handler in [*STORED_ROUTES, *CONVERSATION_ROUTES, *MESSAGES_ROUTES, *MODEL_ROUTES]:
         aliased(functools.partial(app.route, methods=[method], endpoint=f"{method} {rule}"), rule)(resource_route(handler))
 
-    # --- chat completions, models, the relay --------------------------------------------
+    # --- chat completions, the relay ------------------------------------------------------
 
     @aliased(app.post, "/chat/completions")
     async def _chat_completions() -> Response:
@@ -204,12 +209,6 @@ def create_app(
         if turn.streamed:
             return as_response(ChatEventStream(turn, heartbeats=app.shared.heartbeats))
         return as_response(chat_answer(turn, _where()))
-
-    @aliased(app.get, "/models")
-    async def _models() -> Response:
-        """The models a key may use (one backend and no model list: its answer, as it gives it)."""
-        models = await models_for(resources().backend, _ctx().caller.limits)
-        return await _relay("models") if models is None else as_response(JsonBody({"object": "list", "data": models}))
 
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def _relay(path: str) -> Response:

@@ -1,4 +1,4 @@
-"""A call to one of the resource routes (stored responses, conversations), as the app hands it over.
+"""A call to one of the table routes (stored responses, conversations, Messages, models), as the app hands it over.
 
 The app registers each module's `ROUTES` table (method, rule, handler);
 a handler takes a `Call` and returns the body to send, or raises a
@@ -8,7 +8,7 @@ a handler takes a `Call` and returns the body to send, or raises a
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .intake import RequestContext
@@ -28,6 +28,8 @@ class Call:
     params: Mapping[str, str]  # the path's
     args: Mapping[str, str]  # the query's
     read: Callable[[], Awaitable[bytes]]  # the body, decoded by the intake
+    headers: Mapping[str, str] = field(default_factory=dict)  # the request's, names in lower case
+    query: bytes = b""  # the raw query string, for a request relayed as it is
 
     async def json(self) -> dict[str, Any]:
         """The body as a JSON object ({} when empty).

@@ -26,7 +26,7 @@ __all__ = ["main"]
 
 _LAB_COMMANDS = {
     "simulate-backend": ("gateway.lab.simulator", "a deterministic Chat Completions server for load tests"),
-    "loadtest": ("gateway.lab.loadtest", "concurrent streams against a Responses or Chat Completions endpoint"),
+    "loadtest": ("gateway.lab.loadtest", "concurrent streams against a Responses, Chat Completions or Messages endpoint"),
     "bench": ("gateway.lab.bench", "start simulator and gateway, run the standard scenarios, print one table"),
     "mcp": ("gateway.mcp.cli", "MCP servers: `gateway mcp list` connects to each and prints its tools"),
     "keys": ("gateway.keys.cli", "API keys: `gateway keys create NAME | list | revoke NAME`"),

@@ -40,7 +40,7 @@ import trio
 from . import loops
 from .errors import GatewayError, InternalError, InvalidRequest, LoopDetected, ShuttingDown
 from .intake import discard_body
-from .render import deny_websocket, send_error
+from .render import Dialect, deny_websocket, dialect_of, send_error
 from .observe import Telemetry, route_of
 
 __all__ = ["Edge", "TooManyWebSockets", "is_failure"]
@@ -56,6 +56,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 _CLOSE_GRACE = 10.0  # bounds the shielded last send (it only ever waits on a slow client)
+# What a browser may send when its preflight does not say (OpenAI's and Anthropic's clients' headers).
+_ALLOWED_HEADERS = b"authorization, content-type, x-request-id, x-api-key, anthropic-version, anthropic-beta"
 _CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
 
 
@@ -113,12 +115,16 @@ class Edge:
         began = trio.current_time()
         request_id = _request_id(scope)
         status = 500
+        # Anthropic's clients read the id from `request-id` (the SDKs' `_request_id`).
+        ids = [(b"x-request-id", request_id.encode())]
+        if _dialect(scope) == "anthropic":
+            ids.append((b"request-id", request_id.encode()))
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                extra = [(b"x-request-id", request_id.encode())]
+                extra = list(ids)
                 caller = (scope.get("gateway") or {}).get("caller")
                 rate = getattr(caller, "rate", None)
                 if rate:  # what the limiter learnt of the key's limits (OpenAI's x-ratelimit-* headers)
@@ -153,14 +159,14 @@ class Edge:
             # The body is read first: answering while the server is still
             # parsing the request races its own handling of what follows.
             await discard_body(receive)
-            await send_error(send, refusal, close=True, where=_where(scope))
+            await send_error(send, refusal, close=True, where=_where(scope), **_shape(scope))
             return
         path = scope.get("path", "")
         if path not in self._open_paths:
             refusal = await self._admit(scope)
             if refusal is not None:
                 await discard_body(receive)
-                await send_error(send, refusal, close=isinstance(refusal, ShuttingDown), where=_where(scope))
+                await send_error(send, refusal, close=isinstance(refusal, ShuttingDown), where=_where(scope), **_shape(scope))
                 return
         started = False
 
@@ -192,7 +198,7 @@ class Edge:
             if not started:
                 try:
                     failed = InternalError("The gateway failed to process the request.", cause=type(exc).__name__)
-                    await send_error(send, failed, close=False, where=_where(scope))
+                    await send_error(send, failed, close=False, where=_where(scope), **_shape(scope))
                 except Exception:  # the server itself refused: the connection is already lost
                     pass
             # After the status line nothing more can be said: the connection is ended unfinished.
@@ -289,7 +295,7 @@ async def _preflight(send: Send, scope: Scope) -> None:
     requested = next((v for n, v in scope.get("headers", ()) if n == b"access-control-request-headers"), None)
     headers = [
         (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
-        (b"access-control-allow-headers", requested or b"authorization, content-type, x-request-id"),
+        (b"access-control-allow-headers", requested or _ALLOWED_HEADERS),
         (b"access-control-max-age", b"600"),
         (b"content-length", b"0"),
     ]
@@ -343,6 +349,15 @@ def is_failure(exc: BaseException) -> bool:
         _, rest = exc.split((trio.Cancelled, KeyboardInterrupt, SystemExit))
         return exits is None and rest is not None
     return isinstance(exc, Exception)
+
+
+def _dialect(scope: Scope) -> Dialect:
+    return dialect_of(scope.get("path", ""), scope.get("headers", ()))
+
+
+def _shape(scope: Scope) -> dict[str, Any]:
+    """How an error answered here is shaped: the request's dialect, with its id."""
+    return {"dialect": _dialect(scope), "request_id": (scope.get("gateway") or {}).get("request_id")}
 
 
 def _where(scope: Scope) -> str:

@@ -48,6 +48,8 @@ __all__ = [
     "ShuttingDown",
     "StoreUnavailable",
     "Unauthorized",
+    "anthropic_error_body",
+    "anthropic_error_type",
     "error_body",
     "error_json",
     "report",
@@ -284,3 +286,34 @@ def error_body(exc: GatewayError) -> dict[str, Any]:
 
 def error_json(exc: GatewayError) -> bytes:
     return orjson.dumps(error_body(exc))
+
+
+# Anthropic's error types, by the HTTP status an error has (its own list; other 4xx are the
+# request's, other 5xx the API's).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_type(status: int) -> str:
+    """The `error.type` Anthropic gives an error of HTTP `status`."""
+    return _ANTHROPIC_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
+
+
+def anthropic_error_body(status: int, message: str, request_id: str | None = None) -> dict[str, Any]:
+    """`{"type": "error", "error": {"type", "message"}}` as Anthropic returns it (a body, or a
+    stream's `error` event), with the request's id when there is one."""
+    body: dict[str, Any] = {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+    if request_id:
+        body["request_id"] = request_id
+    return body

@@ -10,6 +10,10 @@
                       `code`, `message`, `param`
     from_framework    an error the web framework raised (404, 405, 413) as a
                       `GatewayError`
+    dialect_of        which shape a request's errors take: OpenAI's, or
+                      Anthropic's (`{"type": "error", "error": {type,
+                      message}}`) for the Messages API and any request that
+                      carries `anthropic-version`
 
 Every 5xx is reported here with its cause (see `errors.report`), so that
 no route, transport or framework hook can answer one without a log line.
@@ -20,14 +24,40 @@ Knows the ASGI message shapes and the error envelope; nothing of routes.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any, Literal
 
 import trio
 
-from .errors import GatewayError, InvalidRequest, NotFound, RateLimited, RequestTooLarge, error_json, report
+import orjson
 
-__all__ = ["answer", "deny_websocket", "error_headers", "from_framework", "retry_after", "send_error", "ws_error"]
+from .errors import (
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    RateLimited,
+    RequestTooLarge,
+    anthropic_error_body,
+    error_json,
+    report,
+)
+
+__all__ = [
+    "MESSAGES_PATHS",
+    "Dialect",
+    "answer",
+    "deny_websocket",
+    "dialect_of",
+    "error_headers",
+    "from_framework",
+    "retry_after",
+    "send_error",
+    "ws_error",
+]
+
+Dialect = Literal["openai", "anthropic"]
+# Anthropic's Messages API: its errors are in Anthropic's shape whatever the request carries.
+MESSAGES_PATHS = frozenset(("/v1/messages", "/messages", "/v1/messages/count_tokens", "/messages/count_tokens"))
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -54,21 +84,45 @@ def error_headers(error: GatewayError, *, close: bool = False) -> dict[str, str]
     return headers
 
 
-def answer(error: GatewayError, where: str = "") -> tuple[int, bytes, dict[str, str]]:
+def dialect_of(path: str, headers: Iterable[tuple[bytes, bytes]]) -> Dialect:
+    """Anthropic's shape for the Messages API's paths and for a request that carries
+    `anthropic-version` (Anthropic's clients always send it); OpenAI's otherwise."""
+    if path in MESSAGES_PATHS or any(name == b"anthropic-version" for name, _ in headers):
+        return "anthropic"
+    return "openai"
+
+
+def _body(error: GatewayError, dialect: Dialect, request_id: str | None) -> bytes:
+    if dialect == "anthropic":
+        return orjson.dumps(anthropic_error_body(error.status, error.message, request_id))
+    return error_json(error)
+
+
+def answer(
+    error: GatewayError, where: str = "", *, dialect: Dialect = "openai", request_id: str | None = None
+) -> tuple[int, bytes, dict[str, str]]:
     """(status, body, headers) of an error answered as JSON; a 5xx is reported with its cause
-    (`where`: the request it answers)."""
+    (`where`: the request it answers; `request_id` goes into an Anthropic-shaped body)."""
     report(error, where)
-    return error.status, error_json(error), error_headers(error)
+    return error.status, _body(error, dialect, request_id), error_headers(error)
 
 
-async def send_error(send: Send, error: GatewayError, *, close: bool = False, where: str = "") -> None:
+async def send_error(
+    send: Send,
+    error: GatewayError,
+    *,
+    close: bool = False,
+    where: str = "",
+    dialect: Dialect = "openai",
+    request_id: str | None = None,
+) -> None:
     """An error as a whole JSON response on an ASGI `send` (`close`: end the connection after it).
 
     The status line is sent shielded: hypercorn, seeing an app end whose start
     it had not recorded, would try a 500 in the middle of a response.
     """
     report(error, where)
-    body = error_json(error)
+    body = _body(error, dialect, request_id)
     headers = [(k.encode(), v.encode()) for k, v in error_headers(error, close=close).items()]
     headers.append((b"content-length", str(len(body)).encode()))
     with trio.CancelScope(shield=True):

@@ -79,6 +79,12 @@ def scenario(model: str, body: dict[str, Any] | None = None) -> list[dict[str, A
         return [_start(model), *_text_block(0, "Part"), {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}]
     if model == "claude-max-tokens":
         return [_start(model), *_text_block(0, "Once upon"), *_end("max_tokens")]
+    if model == "claude-stop-sequence":
+        stop = [
+            {"type": "message_delta", "delta": {"stop_reason": "stop_sequence", "stop_sequence": "END"}, "usage": {"output_tokens": 2}},
+            {"type": "message_stop"},
+        ]
+        return [_start(model), *_text_block(0, "Once"), *stop]
     if model == "claude-refusal":
         return [_start(model), *_text_block(0, "I can't"), *_end("refusal")]
     return [_start(model), *_text_block(0, "ok"), *_end("end_turn")]

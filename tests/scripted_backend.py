@@ -182,6 +182,12 @@ SCENARIOS: dict[str, list[Any]] = {
         chunk(finish="length"),
         b"[DONE]",
     ],
+    "stop-string": [  # vLLM names the stop string that ended the answer
+        chunk({"content": "One, two"}),
+        {**chunk(finish="stop"), "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "###"}]},
+        usage_chunk(),
+        b"[DONE]",
+    ],
     "content-filter": [
         chunk({"content": "Some"}),
         chunk(finish="content_filter"),
@@ -441,6 +447,8 @@ class ScriptedBackend:
             script = [chunk({"content": "ok"}), {"error": {"message": f"failed for {auth}", "type": "server_error"}}]
         elif model == "weather":
             script = _weather_script(body)
+        elif model == "bash-agent":
+            script = _bash_agent_script(body)
         elif model == "numbered-calls":
             refusal = _unanswered_calls(body)
             if refusal is not None:
@@ -512,6 +520,31 @@ def _tool_user_script(model: str, body: dict[str, Any]) -> list[Any]:
     for index, (name, args) in enumerate(calls):
         script.append(chunk(call_delta(index, id=f"call_{model}_{rounds}_{index}", name=name, args=args)))
     return script + [chunk(finish="tool_calls"), usage_chunk(), b"[DONE]"]
+
+
+BASH_COMMAND = "echo through-the-gateway > ran.txt"
+
+
+def _bash_agent_script(body: dict[str, Any]) -> list[Any]:
+    """A coding agent's model: asked to use Bash (and offered it), it runs BASH_COMMAND once,
+    then reports what the tool said; asked anything else, it answers in text."""
+    messages = body.get("messages") or []
+    names = {(t.get("function") or {}).get("name") for t in body.get("tools") or ()}
+    results = [m for m in messages if m.get("role") == "tool"]
+    asked = " ".join(orjson.dumps(m.get("content")).decode() for m in messages if m.get("role") == "user")
+    if "Bash" not in names or "with Bash" not in asked or results:
+        said = f"Done: {results[-1]['content']!r}" if results else "Hello from the gateway."
+        return [chunk({"role": "assistant", "content": ""}), chunk({"content": said}), chunk(finish="stop"), usage_chunk(), b"[DONE]"]
+    arguments = orjson.dumps({"command": BASH_COMMAND, "description": "Write a file"}).decode()
+    return [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"content": "I will run it."}),
+        chunk(call_delta(0, id="call_bash_1", name="Bash", args=arguments[:20])),
+        chunk(call_delta(0, args=arguments[20:])),
+        chunk(finish="tool_calls"),
+        usage_chunk(),
+        b"[DONE]",
+    ]
 
 
 def _weather_script(body: dict[str, Any]) -> list[Any]:

@@ -37,7 +37,7 @@ class ChannelBackend:
         self.closed = trio.Event()
 
     @contextlib.asynccontextmanager
-    async def open_chat_stream(self, body: dict[str, Any], headers: Any = None) -> AsyncIterator[Any]:
+    async def open_chat_stream(self, body: dict[str, Any], headers: Any = None, native: Any = None) -> AsyncIterator[Any]:
         try:
             await self.answer.wait()
             yield _DecodedChannel(self.recv)

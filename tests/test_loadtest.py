@@ -1,4 +1,4 @@
-"""The load generator measures streams from scripted servers on loopback, precisely and cheaply."""
+"""The load generator measures streams from scripted servers and the gateway on loopback, precisely and cheaply."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+import gateway
+from conftest import make_settings
 from gateway.lab import loadtest
 from gateway.lab.loadtest import (
     ChunkedDecoder,
@@ -36,7 +38,11 @@ from gateway.lab.loadtest import (
     render_html,
     run_load,
 )
+from gateway.lab.loadtest.config import DEFAULT_MAX_TOKENS
+from gateway.lab.loadtest.failures import body_failure
+from gateway.lab.loadtest.frames import TERMINAL_NAMES
 from gateway.lab.loadtest.progress import progress_line
+from gateway.lab.simulator import SimConfig, Simulator
 
 ROOT = pathlib.Path(__file__).parent.parent
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -75,8 +81,46 @@ CHAT_SCENARIO = [
     b'data: {"id":"chatcmpl-1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n',
     DONE,
 ]
+
+
+def messages_event(type_: str, **fields: Any) -> bytes:
+    return b"event: " + type_.encode() + b"\ndata: " + orjson.dumps({"type": type_, **fields}) + b"\n\n"
+
+
+PING = messages_event("ping")
+MESSAGE_START = messages_event("message_start", message={"id": "msg_1", "type": "message", "content": []})
+TEXT_START = messages_event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+TEXT_DELTAS = [
+    messages_event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+    for text in ('He said "text_delta"', "lo")  # the name inside the text is escaped: still one text delta each
+]
+TOOL_DELTA = messages_event(
+    "content_block_delta", index=1, delta={"type": "input_json_delta", "partial_json": '{"a": "text_delta"'}
+)
+MESSAGE_TAIL = [
+    messages_event("content_block_stop", index=0),
+    messages_event("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 2}),
+]
+MESSAGE_STOP = messages_event("message_stop")
+MESSAGES_SCENARIOS: dict[str, list[Any]] = {
+    "sim": [PING, MESSAGE_START, TEXT_START, TEXT_DELTAS[0], HEARTBEAT, TEXT_DELTAS[1], *MESSAGE_TAIL, MESSAGE_STOP],
+    "thinking": [
+        MESSAGE_START,
+        messages_event("content_block_delta", index=0, delta={"type": "thinking_delta", "thinking": "hmm"}),
+        TOOL_DELTA,
+        *MESSAGE_TAIL,
+        MESSAGE_STOP,
+    ],
+    "truncated": [MESSAGE_START, TEXT_START, TEXT_DELTAS[0]],
+    "failed": [
+        MESSAGE_START,
+        TEXT_DELTAS[0],
+        messages_event("error", error={"type": "overloaded_error", "message": "Overloaded"}),
+    ],
+}
 RESPONSES_EVENTS = 5  # created, three deltas, completed
 CHAT_EVENTS = 5  # role, two content chunks, finish, usage
+MESSAGES_EVENTS = 7  # message_start, content_block_start, two deltas, content_block_stop, message_delta, message_stop
 
 
 @dataclass
@@ -86,6 +130,7 @@ class ScriptedSSEServer:
     url: str = ""
     clients: set[tuple[str, int]] = field(default_factory=set)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[bytes, bytes]] = field(default_factory=list)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -105,6 +150,7 @@ class ScriptedSSEServer:
                 break
         body = orjson.loads(raw)
         self.bodies.append(body)
+        self.headers.append(dict(scope["headers"]))
         if body["model"] == "error500":
             payload = orjson.dumps({"error": {"message": "boom", "type": "server_error"}})
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
@@ -113,6 +159,8 @@ class ScriptedSSEServer:
             return
         if scope["path"] == "/v1/chat/completions":
             script = CHAT_SCENARIO
+        elif scope["path"] == "/v1/messages":
+            script = MESSAGES_SCENARIOS[body["model"]]
         else:
             script = RESPONSES_SCENARIOS[body["model"]]
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
@@ -192,14 +240,54 @@ async def test_a_chat_stream_is_measured_for_the_direct_baseline(server: Scripte
     }
 
 
+async def test_a_messages_stream_is_measured_by_anthropics_events(server: ScriptedSSEServer) -> None:
+    report = await run(server, api="messages", requests=4, concurrency=2, input="hi")
+
+    assert (report.requests_completed, report.requests_failed) == (4, 0)
+    assert report.terminals == {"message_stop": 4}
+    assert report.events_total == 4 * MESSAGES_EVENTS  # `ping` is a keep-alive, not an event
+    assert report.heartbeats_total == 4 * 2  # a ping and a comment each
+    assert report.config["path"] == "/v1/messages"
+    for result in report.requests:
+        assert result.ok and not result.saw_done
+        assert result.time_to_first_event is not None and result.time_to_first_text is not None
+        assert result.total is not None
+        assert result.time_to_first_event <= result.time_to_first_text <= result.total
+        assert len(result.gaps) == MESSAGES_EVENTS - 1
+    assert server.bodies[0] == {
+        "model": "sim",
+        "max_tokens": DEFAULT_MAX_TOKENS,  # required by the Messages API
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    assert server.headers[0][b"anthropic-version"] == b"2023-06-01"
+    await run(server, api="messages", requests=1, max_output_tokens=9)
+    assert server.bodies[-1]["max_tokens"] == 9
+
+
+async def test_only_a_text_delta_is_a_messages_text_event(server: ScriptedSSEServer) -> None:
+    report = await run(server, api="messages", model="thinking", requests=1)
+
+    [result] = report.requests
+    assert result.ok and result.events == 6  # start, thinking, tool JSON, block stop, message delta, stop
+    assert result.time_to_first_text is None  # a thinking delta and a tool's JSON delta carry no text
+
+
 @pytest.mark.parametrize(
-    ("model", "kind"),
-    [("error500", "http_status"), ("truncated", "no_terminal"), ("failed", "failed_event")],
+    ("api", "model", "kind"),
+    [
+        ("responses", "error500", "http_status"),
+        ("responses", "truncated", "no_terminal"),
+        ("responses", "failed", "failed_event"),
+        ("messages", "error500", "http_status"),
+        ("messages", "truncated", "no_terminal"),
+        ("messages", "failed", "failed_event"),
+    ],
 )
 async def test_a_failing_endpoint_is_counted_under_its_error_kind(
-    server: ScriptedSSEServer, model: str, kind: str
+    server: ScriptedSSEServer, api: str, model: str, kind: str
 ) -> None:
-    report = await run(server, model=model, requests=3, concurrency=1)
+    report = await run(server, api=api, model=model, requests=3, concurrency=1)
 
     assert (report.requests_completed, report.requests_failed) == (0, 3)
     assert report.errors == {kind: 3}
@@ -207,6 +295,17 @@ async def test_a_failing_endpoint_is_counted_under_its_error_kind(
     assert report.total_latency_ms.count == 0
     # The body was read to its end, so even a failed response leaves the connection reusable.
     assert report.connections_opened == 1
+
+
+async def test_a_messages_stream_names_its_missing_terminal_and_its_failure_by_anthropics_error_type(
+    server: ScriptedSSEServer,
+) -> None:
+    truncated = await run(server, api="messages", model="truncated", requests=1)
+    failed = await run(server, api="messages", model="failed", requests=1)
+
+    assert truncated.error_examples == {"no_terminal": "the stream ended without message_stop"}
+    assert failed.failures == {"failed_event overloaded_error": 1}
+    assert failed.failure_examples["failed_event overloaded_error"] == "Overloaded"
 
 
 async def test_an_http_error_keeps_its_status_code(server: ScriptedSSEServer) -> None:
@@ -236,6 +335,41 @@ async def test_a_refused_connection_is_a_connect_error() -> None:
 
     assert report.errors == {"connect": 2}
     assert report.requests_completed == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The gateway's own streams, from the simulator through a real gateway on loopback
+
+SIM_TOKENS = 5
+# message_start, content_block_start, a text delta per token, content_block_stop, message_delta, message_stop
+GATEWAY_MESSAGES_EVENTS = SIM_TOKENS + 5
+# created, in_progress, output_item.added, content_part.added, a delta per token, output_text.done,
+# content_part.done, output_item.done, completed
+GATEWAY_RESPONSES_EVENTS = SIM_TOKENS + 8
+
+
+async def test_the_gateways_messages_stream_is_counted_as_its_responses_stream_is(nursery: trio.Nursery) -> None:
+    simulator = Simulator(SimConfig(tokens=SIM_TOKENS))
+    sim_url = await nursery.start(simulator.serve)
+    # Pings and comments every 50 ms: a first token after 300 ms is preceded by some.
+    url = await nursery.start(functools.partial(gateway.serve, make_settings(sim_url, heartbeat_interval=0.05)))
+    with trio.fail_after(30):
+        messages = await run_load(LoadConfig(url=url, api="messages", requests=6, concurrency=2))
+        responses = await run_load(LoadConfig(url=url, api="responses", requests=6, concurrency=2))
+        slow = await run_load(LoadConfig(url=url, api="messages", model="sim:ttft=0.3", requests=2, concurrency=2))
+
+    for report, terminal, events in (
+        (messages, "message_stop", GATEWAY_MESSAGES_EVENTS),
+        (responses, "response.completed", GATEWAY_RESPONSES_EVENTS),
+        (slow, "message_stop", GATEWAY_MESSAGES_EVENTS),
+    ):
+        assert (report.requests_completed, report.requests_failed) == (len(report.requests), 0), report.failure_examples
+        assert report.terminals == {terminal: len(report.requests)}
+        assert report.events_per_response == events
+        for result in report.requests:
+            assert result.time_to_first_event is not None and result.time_to_first_text is not None
+            assert result.time_to_first_event <= result.time_to_first_text
+    assert all(result.heartbeats >= 1 for result in slow.requests)  # Anthropic's pings: keep-alives, not events
 
 
 # ---------------------------------------------------------------------------------------------
@@ -528,17 +662,33 @@ async def test_an_error_body_beyond_the_capture_bound_is_read_to_its_end_but_not
          "overloaded", "Overloaded"),
         ("chat", b'event: error\ndata: {"error":{"message":"Later","code":429}}\n\n', "429", "Later"),
         ("chat", b'data: {"error":{"message":"No code","code":null}}\n\n', None, "No code"),
+        ("messages", b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Busy"}}\n\n',
+         "overloaded_error", "Busy"),
+        ("messages", b'event: error\ndata: {"type":"error","error":{"type":"api_error","code":"c1","message":"M"}}\n\n',
+         "c1", "M"),
     ],
 )  # fmt: skip
 def test_an_error_frames_code_and_message_are_read_from_every_shape_servers_send(
     classify: str, frame: bytes, code: str | None, message: str
 ) -> None:
-    classifier = loadtest._classify_responses if classify == "responses" else loadtest._classify_chat
+    classifier = CLASSIFIERS[classify]
     for body in (CREATED + frame, (CREATED + frame).replace(b"\n", b"\r\n")):
         scanner = loadtest._FrameScanner(classifier, 0.0)
         scanner.feed(body, 1.0)
         assert scanner.failed
         assert (scanner.error_code, scanner.error_message) == (code, message)
+
+
+CLASSIFIERS = {
+    "responses": loadtest._classify_responses,
+    "chat": loadtest._classify_chat,
+    "messages": loadtest._classify_messages,
+}
+
+
+def test_an_anthropic_error_body_is_counted_under_its_error_type() -> None:
+    body = b'{"type":"error","error":{"type":"not_found_error","message":"no such model"},"request_id":"req_1"}'
+    assert body_failure(body) == ("not_found_error", "no such model")
 
 
 def test_the_first_error_code_of_a_stream_is_kept() -> None:
@@ -632,6 +782,23 @@ def test_frames_are_classified_the_same_however_the_body_is_split() -> None:
             assert (scanner.events, scanner.heartbeats, scanner.done) == (RESPONSES_EVENTS, 1, True), cut
             assert scanner.terminal and not scanner.failed
             assert scanner.first_text is not None
+
+
+def test_messages_frames_are_classified_the_same_however_the_body_is_split() -> None:
+    body = b"".join(MESSAGES_SCENARIOS["sim"])
+    crlf = body.replace(b"\n", b"\r\n")
+    for stream in (body, crlf):
+        for cut in range(len(stream) + 1):
+            scanner = loadtest._FrameScanner(loadtest._classify_messages, 0.0)
+            scanner.feed(stream[:cut], 1.0)
+            scanner.feed(stream[cut:], 2.0)
+            assert (scanner.events, scanner.heartbeats, scanner.done) == (MESSAGES_EVENTS, 2, False), cut
+            assert TERMINAL_NAMES[scanner.terminal] == "message_stop" and not scanner.failed
+            # The first text is the first text delta's: not the message's start, nor the block's.
+            through_first_delta = PING + MESSAGE_START + TEXT_START + TEXT_DELTAS[0]
+            if stream is crlf:
+                through_first_delta = through_first_delta.replace(b"\n", b"\r\n")
+            assert scanner.first_text == (1.0 if cut >= len(through_first_delta) else 2.0), cut
 
 
 def test_chat_frames_without_text_do_not_count_as_text() -> None:

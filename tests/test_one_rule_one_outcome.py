@@ -156,7 +156,9 @@ class ExplodingBackend:
     """A backend whose stream fails with an exception no adapter maps (a bug somewhere below)."""
 
     @contextlib.asynccontextmanager
-    async def open_chat_stream(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None) -> AsyncIterator[Any]:
+    async def open_chat_stream(
+        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: Any = None
+    ) -> AsyncIterator[Any]:
         yield self
 
     def __aiter__(self) -> Any:

@@ -41,7 +41,7 @@ def test_the_pure_core_loads_no_io_framework_or_client():
     probe = (
         "import sys\n"
         "import gateway.streams.translator, gateway.streams.sse, gateway.streams.chunks\n"
-        "import gateway.streams.session, gateway.streams.chat_session\n"
+        "import gateway.streams.session, gateway.streams.chat_session, gateway.streams.messages\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
         "{'quart', 'hypercorn', 'werkzeug', 'httpx2', 'httpcore', 'cryptography', 'trio', 'redis', 'mcp'}))\n"
     )
@@ -96,17 +96,19 @@ def test_the_request_planner_loads_no_io_framework_client_or_cipher():
 
     probe = (
         "import sys\nimport gateway.turn.plan, gateway.turn.conversation, gateway.intake, gateway.render\n"
+        "import gateway.turn.messages_plan, gateway.wire.messages\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
         "{'quart', 'hypercorn', 'werkzeug', 'httpx2', 'httpcore', 'cryptography', 'redis', 'mcp'}))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-    planner = modules("turn/plan.py") | modules("streams")
+    planner = modules("turn/plan.py") | modules("turn/messages_plan.py") | modules("streams")
     assert breaking(planner, "trio", "httpx2", "quart", "hypercorn", "cryptography", "gateway.sealing") == {}
 
 
 def test_turns_never_import_transports_routes_or_the_framework():
-    assert breaking(modules("turn"), "gateway.transport", "gateway.app", "gateway.responses", "quart", "quart_trio") == {}
+    routes = ("gateway.app", "gateway.responses", "gateway.stored", "gateway.conversations", "gateway.messages", "gateway.models")
+    assert breaking(modules("turn"), "gateway.transport", *routes, "quart", "quart_trio") == {}
 
 
 def test_telemetry_never_imports_the_turn():

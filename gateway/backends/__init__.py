@@ -4,6 +4,9 @@
                     gives a `ChatChunks` (batches of decoded chunks, `DONE` at
                     the end of a batch when the backend sent `[DONE]`);
                     `count_tokens(body)` the exact prompt tokens of the same body
+    NativeRequest   the same request in a backend's own API, as the client sent
+                    it (Anthropic Messages): an adapter that speaks that API
+                    sends it rather than its mapping of the chat body
     Passthrough     the interface `/v1/{path}` uses: a request forwarded as it is
     openai.py       `OpenAICompatibleBackend`, both interfaces over HTTP
 
@@ -18,9 +21,18 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
+from .native import NativeRequest
 from .openai import OpenAICompatibleBackend
 
-__all__ = ["Backend", "ChatBackend", "ChatChunks", "OpenAICompatibleBackend", "Passthrough", "PassthroughBackend"]
+__all__ = [
+    "Backend",
+    "ChatBackend",
+    "ChatChunks",
+    "NativeRequest",
+    "OpenAICompatibleBackend",
+    "Passthrough",
+    "PassthroughBackend",
+]
 
 
 class ChatChunks(Protocol):
@@ -43,9 +55,10 @@ class ChatChunks(Protocol):
 
 class ChatBackend(Protocol):
     def open_chat_stream(
-        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None
+        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None
     ) -> contextlib.AbstractAsyncContextManager[ChatChunks]:
-        """Start a streaming chat completion (`headers`: added to the request, such as `traceparent`).
+        """Start a streaming chat completion (`headers`: added to the request, such as `traceparent`;
+        `native`: the same request in an API the adapter may speak itself).
 
         Raises:
             BackendStatusError: the backend answered with an error status.
@@ -53,9 +66,11 @@ class ChatBackend(Protocol):
         """
         ...
 
-    async def count_tokens(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None) -> int:
-        """The prompt tokens `body` (a chat request) makes, counted by the backend itself (its
-        tokenizer, or a completion's usage): exact, never an estimate.
+    async def count_tokens(
+        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None
+    ) -> int:
+        """The prompt tokens `body` (a chat request, or `native`) makes, counted by the backend
+        itself (its tokenizer, or a completion's usage): exact, never an estimate.
 
         Raises:
             BackendStatusError: the backend refused the request (a 4xx is the client's).

@@ -38,6 +38,7 @@ from .openai import (
     retry_after_of,
 )
 from .http1 import Http1Transport
+from .native import NativeRequest
 
 __all__ = ["AnthropicBackend", "MessagesStream", "count_request", "messages_request"]
 
@@ -107,6 +108,10 @@ def messages_request(chat: Mapping[str, Any], *, default_max_tokens: int = 4096)
 
 # What `count_tokens` takes of a Messages request (it refuses the generation's settings).
 _COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking", "output_config")
+
+
+# What `count_tokens` takes of a client's own Messages request (its MCP servers and context edits count too).
+_NATIVE_COUNTED = (*_COUNTED, "mcp_servers", "context_management")
 
 
 def count_request(chat: Mapping[str, Any]) -> dict[str, Any]:
@@ -233,8 +238,14 @@ class MessagesStream:
             return self._delta(int(data.get("index", 0)), data.get("delta") or {})
         if kind == "message_delta":
             self._count(data.get("usage") or {})
-            reason = (data.get("delta") or {}).get("stop_reason")
-            return [self._chunk({}, finish=_FINISH.get(str(reason), "stop"))] if reason else []
+            delta = data.get("delta") or {}
+            reason = delta.get("stop_reason")
+            if not reason:
+                return []
+            chunk = self._chunk({}, finish=_FINISH.get(str(reason), "stop"))
+            if reason == "stop_sequence" and isinstance(delta.get("stop_sequence"), str):
+                chunk["choices"][0]["stop_reason"] = delta["stop_sequence"]  # which one, as vLLM says it
+            return [chunk]
         if kind == "message_stop":
             self.done = True
             return [self._usage_chunk(), DONE]
@@ -270,11 +281,15 @@ class MessagesStream:
         cached = self._usage.get("cache_read_input_tokens", 0)
         prompt = self._usage.get("input_tokens", 0) + cached + self._usage.get("cache_creation_input_tokens", 0)
         completion = self._usage.get("output_tokens", 0)
+        details = {"cached_tokens": cached}
+        created = self._usage.get("cache_creation_input_tokens", 0)
+        if created:
+            details["cache_creation_tokens"] = created  # kept for a Messages client (its `cache_creation_input_tokens`)
         usage = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
+            "prompt_tokens_details": details,
         }
         return {"id": self.id, "object": "chat.completion.chunk", "model": self.model, "choices": [], "usage": usage}
 
@@ -381,10 +396,26 @@ class AnthropicBackend:
             response = await self._client.get(self._url.removesuffix("/messages") + "/models", headers={**headers, **PROBE_HEADERS})
             await response.aclose()
 
+    def _messages(self, body: dict[str, Any], native: NativeRequest | None) -> tuple[dict[str, Any], Mapping[str, str]]:
+        """The Messages request for a chat `body`: the client's own when it sent one (with the
+        chat body's model and max_tokens, which a route or a key's limit may have changed), else
+        the mapping of the chat request; and the headers it brings (`anthropic-beta`)."""
+        if native is not None and native.api == "anthropic-messages":
+            sent = {**native.body, "model": body.get("model"), "stream": True}
+            max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+            if max_tokens:
+                sent["max_tokens"] = max_tokens
+            return sent, native.headers
+        return messages_request(body, default_max_tokens=self._default_max_tokens), {}
+
     @contextlib.asynccontextmanager
-    async def open_chat_stream(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None) -> AsyncIterator[_Chunks]:
-        payload = orjson.dumps(messages_request(body, default_max_tokens=self._default_max_tokens))
-        request = self._client.build_request("POST", self._url, content=payload, headers={**self._headers, **(headers or {})})
+    async def open_chat_stream(
+        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None
+    ) -> AsyncIterator[_Chunks]:
+        messages, extra = self._messages(body, native)
+        payload = orjson.dumps(messages)
+        sent = {**extra, **self._headers, **(headers or {})}
+        request = self._client.build_request("POST", self._url, content=payload, headers=sent)
         with naming_errors(self.name, self.url):
             try:
                 response = await self._client.send(request, stream=True)
@@ -400,16 +431,23 @@ class AnthropicBackend:
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     await response.aclose()
 
-    async def count_tokens(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None) -> int:
-        """The input tokens of the chat request `body`, as Anthropic counts them (`count_tokens`).
+    async def count_tokens(
+        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None
+    ) -> int:
+        """The input tokens of the chat request `body` (or of the client's own Messages request,
+        `native`), as Anthropic counts them (`count_tokens`).
 
         Raises:
             BackendStatusError: the backend refused the request.
             BackendError: it could not be reached, timed out, or answered without a count
                 (`token_count_unavailable`).
         """
-        payload = orjson.dumps(count_request(body))
-        sent = {**self._headers, **(headers or {}), "accept": "application/json"}
+        if native is not None and native.api == "anthropic-messages":
+            messages, extra = {**native.body, "model": body.get("model")}, native.headers
+            payload = orjson.dumps({name: messages[name] for name in _NATIVE_COUNTED if name in messages})
+        else:
+            payload, extra = orjson.dumps(count_request(body)), {}
+        sent = {**extra, **self._headers, **(headers or {}), "accept": "application/json"}
         request = self._client.build_request("POST", self._count_url, content=payload, headers=sent)
         with naming_errors(self.name, self.url):
             with map_backend_errors():

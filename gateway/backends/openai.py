@@ -31,6 +31,7 @@ from ..errors import (
 from ..redact import Redactor, public_url
 from ..streams.chunks import ChunkDecoder
 from .http1 import Http1Transport
+from .native import NativeRequest
 
 __all__ = [
     "COUNT_UNAVAILABLE",
@@ -360,8 +361,9 @@ class OpenAICompatibleBackend:
 
     @contextlib.asynccontextmanager
     async def open_chat_stream(
-        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None
+        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None
     ) -> AsyncIterator[ChatStream]:
+        """(`native`: a request in another API, which this adapter does not speak: the chat body goes.)"""
         model = body.get("model")
         if model in self._refuses_reasoning_content:
             body = _without_reasoning_content(body)
@@ -420,8 +422,9 @@ class OpenAICompatibleBackend:
 
     # --- counting a prompt's tokens ---------------------------------------------------
 
-    async def count_tokens(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None) -> int:
-        """The exact number of prompt tokens the chat request `body` makes on this server.
+    async def count_tokens(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None) -> int:
+        """The exact number of prompt tokens the chat request `body` makes on this server (`native`
+        is not this adapter's API: the chat body is counted).
 
         Tried in order, and the first that answers is remembered for this
         server: vLLM's `POST /tokenize` with the messages (the chat template

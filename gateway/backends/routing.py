@@ -47,6 +47,7 @@ from ..errors import (
 )
 from ..wire import model_of
 from .config import BackendConfig, FallbackConfig, GatewayConfig, RouteTarget
+from .native import NativeRequest
 from .openai import COUNT_UNAVAILABLE
 
 __all__ = ["BackendState", "Router", "backend_models", "build_router", "models_for"]
@@ -147,7 +148,9 @@ class Router:
     # --- the chat interface ------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def open_chat_stream(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None) -> AsyncIterator[Any]:
+    async def open_chat_stream(
+        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None
+    ) -> AsyncIterator[Any]:
         model = str(body.get("model") or "")
         targets = self.targets(model)
         last_error: BaseException | None = None
@@ -174,7 +177,7 @@ class Router:
                                 state.probing = False
                                 last_error = BackendUnavailable(f"backend {state.name} is busy")
                                 continue
-                        stream = await stack.enter_async_context(state.adapter.open_chat_stream(sent, headers=headers))
+                        stream = await stack.enter_async_context(state.adapter.open_chat_stream(sent, headers=headers, native=native))
                         first = await _first_batch(stream)
                         if first and all(_is_error(chunk) for chunk in first):
                             said = first[0]["error"].get("message") if isinstance(first[0]["error"], dict) else None
@@ -204,7 +207,7 @@ class Router:
             raise last_error
         raise _NoBackend(f"no backend could serve the model '{model}' (all failing or busy)")
 
-    async def count_tokens(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None) -> int:
+    async def count_tokens(self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None) -> int:
         """The prompt tokens of `body`, counted by the backend its model's route would use.
 
         Raises:
@@ -220,7 +223,8 @@ class Router:
             if counter is None:
                 raise BackendError(f"The backend '{state.name}' cannot count tokens.", code=COUNT_UNAVAILABLE)
             try:
-                return int(await counter({**body, "model": target.model} if target.model else body, headers=headers))
+                sent = {**body, "model": target.model} if target.model else body
+                return int(await counter(sent, headers=headers, native=native))
             except BackendStatusError as error:
                 if 400 <= error.backend_status < 500 and error.backend_status != 429:
                     raise  # the request is the problem

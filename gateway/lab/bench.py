@@ -6,6 +6,10 @@ the load generator in this process, and prints one table whose ratios were
 all measured in the same run.  Results also go to `bench-results/` as JSON
 and a self-contained HTML page per scenario.
 
+The throughput part measures Anthropic's Messages front end (`/v1/messages`)
+beside the Responses route, on the same gateway and backend, right after it:
+the CPU per streamed event of the two is compared in one run.
+
 This module only orchestrates: the simulator (`simulator.py`) and the load
 generator (`loadtest/`) do the work.
 """
@@ -201,6 +205,9 @@ class Bench:
         self.quick = quick
         self.rows: list[Row] = []
         self.reports: dict[str, Any] = {}
+        # How busy the machine was before the bench loaded it (1, 5, 15 minutes): CPU figures
+        # measured beside other work are higher.
+        self.load_average: tuple[float, float, float] | None = _load_average()
 
     async def load(self, name: str, config: LoadConfig, pids: Sequence[int] = ()) -> LoadReport:
         print(f"  running {name} ...", flush=True)
@@ -211,6 +218,14 @@ class Bench:
 
     def row(self, *cells: str) -> None:
         self.rows.append(Row(*cells))
+
+
+def _load_average() -> tuple[float, float, float] | None:
+    getloadavg = getattr(os, "getloadavg", None)
+    try:
+        return getloadavg() if getloadavg is not None else None
+    except OSError:
+        return None
 
 
 def _fmt_ms(seconds: float | None) -> str:
@@ -249,8 +264,8 @@ async def run_bench(
     # --- throughput and added latency: 200-chunk replies without delay --------
     async with _simulator(tokens=200) as (sim_url, sim_proc):
         async with _gateway(sim_url) as (gw_url, gw_proc):
-            warm = LoadConfig(url=gw_url, api="responses", concurrency=4, requests=40)
-            await run_load(warm)
+            for api in ("responses", "messages"):
+                await run_load(LoadConfig(url=gw_url, api=api, concurrency=4, requests=40))
             for concurrency in (1, 50, 200):
                 direct = await bench.load(
                     f"direct-c{concurrency}",
@@ -300,6 +315,13 @@ async def run_bench(
                         _met(cpu is not None and per_event <= 8.0),
                     )
                     single = via.throughput_rps
+                    # The Messages front end on the same gateway, right after the Responses route.
+                    messages = await bench.load(
+                        f"messages-c{concurrency}",
+                        LoadConfig(url=gw_url, api="messages", concurrency=concurrency, duration=duration),
+                        [gw_proc.pid],
+                    )
+                    _messages_rows(bench, via, messages, concurrency)
                     await _profile_scenario(bench, gw_url, gw_proc.pid, per_event)
 
         # --- two workers -------------------------------------------------------
@@ -334,6 +356,45 @@ async def run_bench(
     for streams in sorted({min(5000, slow_streams), slow_streams}):
         await _heartbeat_scenario(bench, streams)
     return bench
+
+
+# The Messages front end may cost this much more CPU per streamed event than the Responses route.
+MESSAGES_CPU_RATIO_TARGET = 1.2
+
+
+def _messages_rows(bench: Bench, responses: LoadReport, messages: LoadReport, concurrency: int) -> None:
+    """CPU per streamed message and per streamed event on /v1/messages, beside the Responses
+    route's figures from the same gateway in the same run, and their ratios. The target is on
+    the CPU per event (the two APIs frame one reply in slightly different numbers of events);
+    a run with failed requests does not meet it."""
+    cpu = responses.server.cpu_per_response_ms if responses.server else None
+    m_cpu = messages.server.cpu_per_response_ms if messages.server else None
+    events = responses.events_per_response or 1.0
+    m_events = messages.events_per_response or 1.0
+    per_event = (cpu or 0.0) / events * 1000
+    m_per_event = (m_cpu or 0.0) / m_events * 1000
+    counts = " vs ".join(f"{r.events_per_response:.0f}" if r.events_per_response else "-" for r in (messages, responses))
+    failed = f", {messages.requests_failed} failed" if messages.requests_failed else ""
+    bench.row(
+        f"server CPU per streamed message, /v1/messages, c={concurrency}",
+        "CPU ms",
+        f"{m_cpu or 0:.2f} ms",
+        f"{cpu or 0:.2f} ms (/v1/responses)",
+        f"{m_cpu / cpu:.2f}×" if m_cpu and cpu else "-",
+        "",
+        "",
+    )
+    ratio = m_per_event / per_event if m_cpu and cpu else None
+    target = MESSAGES_CPU_RATIO_TARGET
+    bench.row(
+        f"server CPU per streamed event, /v1/messages, c={concurrency} ({counts} events/response{failed})",
+        "CPU µs",
+        f"{m_per_event:.1f} µs",
+        f"{per_event:.1f} µs (/v1/responses)",
+        f"{ratio:.2f}×" if ratio is not None else "-",
+        f"≤ {target:g}×",
+        _met(ratio is not None and ratio <= target and not messages.requests_failed),
+    )
 
 
 def _first_delta_row(bench: Bench, scenario: str, via: LoadReport, direct: LoadReport, q: str, target: bool = False) -> None:
@@ -586,7 +647,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--only",
         choices=["all", "throughput", "shared", "heartbeats"],
         default="all",
-        help="one part: throughput (one worker, c=1/50/200), shared (the cost of keys, limits and metrics), heartbeats",
+        help="one part: throughput (one worker, c=1/50/200; /v1/messages beside /v1/responses at c=50), "
+        "shared (the cost of keys, limits and metrics), heartbeats",
     )
 
 
@@ -599,12 +661,20 @@ def main(args: argparse.Namespace) -> int:
     )
     table = render(bench)
     header = f"Responses gateway benchmark — {machine()}; {PLACEMENT.describe()}"
+    if bench.load_average is not None:
+        header += "; load average before the run " + ", ".join(f"{n:.2f}" for n in bench.load_average)
     print()
     print(header)
     print()
     print(table)
     (out / "table.md").write_text(header + "\n\n" + table + "\n")
-    (out / "bench.json").write_text(json.dumps({"machine": machine(), "rows": [dataclasses.asdict(r) for r in bench.rows], "runs": bench.reports}, indent=2))
+    results = {
+        "machine": machine(),
+        "load_average": bench.load_average,
+        "rows": [dataclasses.asdict(r) for r in bench.rows],
+        "runs": bench.reports,
+    }
+    (out / "bench.json").write_text(json.dumps(results, indent=2))
     return 0 if all(r.met != "NO" for r in bench.rows) else 1
 
 

@@ -174,6 +174,13 @@ def route_of(method: str, path: str) -> str:
         return f"{prefix}/responses/{{id}}/{parts[2]}" if parts[2] in ("cancel", "input_items", "submit_tool_outputs") else "other"
     if head == "chat" and parts[1:] == ["completions"]:
         return f"{prefix}/chat/completions"
+    if head == "messages" and parts[1:] in ([], ["count_tokens"]):
+        return prefix + "/" + "/".join(parts)
+    if head == "conversations":
+        template = ["conversations", "{id}", "items", "{item_id}"][: len(parts)]
+        return prefix + "/" + "/".join(template) if len(parts) <= 4 and parts[2:3] in ([], ["items"]) else "other"
+    if head == "models":
+        return f"{prefix}/models" if len(parts) == 1 else f"{prefix}/models/{{id}}"
     if not prefix and head in ("health", "ready", "metrics"):
         return "/" + head
     return "/v1/{passthrough}" if prefix else "other"

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import error_fields
 from .chunks import DONE
-from .session import tool_exchange
+from .session import ENDED_EARLY, tool_exchange
 from .translator import RoundCall, chunk_problem, sum_usage
 
 __all__ = ["ChatSession", "RoundFilter", "collect_chat_completion"]
@@ -34,6 +34,7 @@ class RoundFilter:
         self.client_calls = 0
         self.text: list[str] = []
         self.finish_reason: str | None = None
+        self.stop_sequence: str | None = None
         self.usage: dict[str, Any] | None = None
         self.template: dict[str, Any] = {}
 
@@ -83,6 +84,9 @@ class RoundFilter:
         if finish:
             self.finish_reason = finish
             choice["finish_reason"] = None  # the loop decides what the client's finish reason is
+            stopped_by = choice.pop("stop_reason", None)
+            if isinstance(stopped_by, str):
+                self.stop_sequence = stopped_by  # vLLM's (and the Anthropic adapter's): the stop string that ended it
         choice["delta"] = delta
         if not delta and not forwarded_calls:
             return None
@@ -105,6 +109,8 @@ class RoundFilter:
 class ChatSession:
     """One chat completion across its rounds (see the module docstring)."""
 
+    native = None  # no request in a backend's own API: every backend gets the chat request
+
     def __init__(self, body: dict[str, Any], gateway_tools: set[str], *, max_rounds: int) -> None:
         self.request = {**body, "stream": True, "stream_options": {"include_usage": True}}
         self.calls: list[RoundCall] = []
@@ -119,6 +125,7 @@ class ChatSession:
         self._streaming = True
         self._done = False
         self.failure: str | None = None  # the error code it ended with, if it failed
+        self.failure_message: str | None = None  # and its message
 
     @property
     def done(self) -> bool:
@@ -135,6 +142,16 @@ class ChatSession:
 
     def start(self) -> list[Chunk]:
         return []
+
+    @staticmethod
+    def generated(chunks: list[Chunk]) -> bool:
+        """Whether `chunks` carry something the model generated (for the first token's time)."""
+        for chunk in chunks:
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
+                    return True
+        return False
 
     def feed(self, chunk: Any) -> list[Chunk]:
         if self.round_over:
@@ -160,13 +177,23 @@ class ChatSession:
         return out
 
     def end_of_stream(self) -> list[Chunk]:
-        return [] if self.round_over else self._end_round()
+        """The backend closed the round's body.  Without `[DONE]`, a finish reason still ends the
+        round normally; without either, the stream was cut: the completion fails."""
+        if self.round_over:
+            return []
+        if self._filter.finish_reason:
+            return self._end_round()
+        return self.fail("backend_stream_ended", ENDED_EARLY)
 
-    def fail(self, code: str, message: str, *, type: str = "server_error", param: str | None = None) -> list[Chunk]:
+    def fail(
+        self, code: str, message: str, *, type: str = "server_error", param: str | None = None, status: int = 500
+    ) -> list[Chunk]:
+        """The completion fails: one error chunk (`status` is not shown in it)."""
         if self._done:
             return []
         self._done = True
         self.failure = code
+        self.failure_message = message
         self.calls = []
         return [{"error": {"message": message, "type": type, "param": param, "code": code}}]
 
@@ -195,14 +222,18 @@ class ChatSession:
         self._template = {**flt.template, **self._template}
         calls = flt.gateway_calls()
         if not calls:
-            return self._finish("tool_calls" if self._client_calls else flt.finish_reason or "stop")
+            reason = "tool_calls" if self._client_calls else flt.finish_reason or "stop"
+            return self._finish(reason, flt.stop_sequence if reason == "stop" else None)
         self.calls = calls
         return []
 
-    def _finish(self, reason: str) -> list[Chunk]:
+    def _finish(self, reason: str, stop_sequence: str | None = None) -> list[Chunk]:
         self._done = True
         self.calls = []
-        chunks: list[Chunk] = [{**self._template, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}]
+        choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": reason}
+        if stop_sequence is not None:
+            choice["stop_reason"] = stop_sequence  # as vLLM names it
+        chunks: list[Chunk] = [{**self._template, "choices": [choice]}]
         if self._usage:
             chunks.append({**self._template, "choices": [], "usage": self._usage})
         return chunks

@@ -38,11 +38,13 @@ Event = dict[str, Any]
 
 # finish reasons after which the round's calls are not run: the model was cut off.
 _CUT_OFF = frozenset({"length", "content_filter"})
-_ENDED_EARLY = "the backend closed the stream before finishing the response"
+ENDED_EARLY = "the backend closed the stream before finishing the response"
 
 
 class ResponseSession:
     """One response: its rounds and their tool calls, over one translator."""
+
+    native = None  # no request in a backend's own API: every backend gets the chat request
 
     def __init__(self, translator: ResponseTranslator, body: dict[str, Any], *, max_rounds: int | None = None) -> None:
         """`body` is the first round's chat request; `max_rounds` enables the
@@ -111,10 +113,13 @@ class ResponseSession:
             return []
         if self.translator.finish_reason:
             return self._end_round()
-        return self.fail("backend_stream_ended", _ENDED_EARLY)
+        return self.fail("backend_stream_ended", ENDED_EARLY)
 
-    def fail(self, code: str, message: str, *, type: str = "server_error", param: str | None = None) -> list[Event]:
-        """The response fails: `error` then `response.failed`."""
+    def fail(
+        self, code: str, message: str, *, type: str = "server_error", param: str | None = None, status: int = 500
+    ) -> list[Event]:
+        """The response fails: `error` then `response.failed` (`status`: the HTTP status the
+        failure would have had before the stream, which a Responses stream does not show)."""
         self._streaming = False
         self.calls = []
         return self.translator.fail(code, message, type=type, param=param)

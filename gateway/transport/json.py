@@ -5,9 +5,10 @@
                    before the head is sent
     run_to_end     a Responses turn without streaming: its final response, or
                    the error a JSON answer carries
-    turn_answer, chat_answer, compaction_answer
-                   a Responses turn, a chat turn, a compaction turn answered
-                   as JSON (the outcome's HTTP status is the one sent)
+    turn_answer, chat_answer, messages_answer, compaction_answer
+                   a Responses turn, a chat turn, an Anthropic message, a
+                   compaction turn answered as JSON (the outcome's HTTP status
+                   is the one sent)
 
 Both are `DeferredHeadBody`s, written by `asgi.send_body` however they are
 served (the Responses route, or a Quart route).  Errors become bytes in
@@ -23,14 +24,15 @@ import orjson
 import trio
 
 from ..errors import BackendStreamError, GatewayError
-from ..render import answer
+from ..render import Dialect, answer
 from ..streams.chat_session import collect_chat_completion
+from ..streams.messages import collect_message
 from ..turn import Resources, Turn
 from ..turn.chat import ChatTurn
 from ..turn.compact import compact
 from .sse import DeferredHeadBody
 
-__all__ = ["JsonAnswer", "JsonBody", "chat_answer", "compaction_answer", "run_to_end", "turn_answer"]
+__all__ = ["JsonAnswer", "JsonBody", "chat_answer", "compaction_answer", "messages_answer", "run_to_end", "turn_answer"]
 
 Answer = tuple[int, bytes, dict[str, str]]
 _JSON = {"content-type": "application/json"}
@@ -109,23 +111,55 @@ def turn_answer(turn: Turn, where: str = "") -> JsonAnswer:
 def chat_answer(turn: ChatTurn, where: str = "") -> JsonAnswer:
     """A chat turn answered as JSON: the `chat.completion` its chunks add up to, or its error."""
 
+    def fold(chunks: list[dict[str, Any]]) -> dict[str, Any] | GatewayError:
+        errors = [chunk["error"] for chunk in chunks if "error" in chunk]
+        if errors:
+            return BackendStreamError(errors[0]["message"], code=errors[0]["code"])
+        return collect_chat_completion(chunks)
+
+    return _chat_shaped_answer(turn, fold, where)
+
+
+def messages_answer(turn: ChatTurn, where: str = "", request_id: str | None = None) -> JsonAnswer:
+    """An Anthropic message answered as JSON: the `message` its events add up to, or its error
+    in Anthropic's shape with the status it has."""
+
+    def fold(events: list[dict[str, Any]]) -> dict[str, Any] | GatewayError:
+        message = collect_message(events)
+        if message is None:
+            return BackendStreamError(next(e["error"]["message"] for e in events if e["type"] == "error"))
+        return message
+
+    return _chat_shaped_answer(turn, fold, where, dialect="anthropic", request_id=request_id)
+
+
+def _chat_shaped_answer(
+    turn: ChatTurn,
+    fold: Callable[[list[dict[str, Any]]], dict[str, Any] | GatewayError],
+    where: str,
+    *,
+    dialect: Dialect = "openai",
+    request_id: str | None = None,
+) -> JsonAnswer:
+    """A chat-shaped turn run to its end: the object `fold` makes of its output, or the error
+    that failed it (the turn's own, else what its output said)."""
+
     async def produce() -> Answer:
-        chunks: list[dict[str, Any]] = []
+        output: list[dict[str, Any]] = []
 
         async def collect(batch: list[dict[str, Any]]) -> None:
-            chunks.extend(batch)
+            output.extend(batch)
 
         try:
             await turn.run(collect)
         except trio.Cancelled:
             turn.observe()
             raise
-        errors = [chunk["error"] for chunk in chunks if "error" in chunk]
-        if errors:
-            failure = turn.failure or BackendStreamError(errors[0]["message"], code=errors[0]["code"])
-            answered = answer(failure, where)
+        folded = fold(output)
+        if isinstance(folded, GatewayError):
+            answered = answer(turn.failure or folded, where, dialect=dialect, request_id=request_id)
         else:
-            answered = 200, orjson.dumps(collect_chat_completion(chunks)), _JSON
+            answered = 200, orjson.dumps(folded), _JSON
         turn.outcome.http_status = answered[0]
         turn.observe()
         return answered

@@ -25,14 +25,23 @@ from typing import Any
 import orjson
 import trio
 
-from ..render import answer
+from ..render import Dialect, answer
 from ..observe import Telemetry
 from ..streams.sse import encode_comment, encode_done, encode_event
 from ..turn import Turn
 from ..turn.chat import ChatTurn
 from .heartbeats import Heartbeats, Ticket
 
-__all__ = ["SSE_HEADERS", "ChatEventStream", "DeferredHeadBody", "EventChannelBody", "TurnEventStream", "send_soon"]
+__all__ = [
+    "SSE_HEADERS",
+    "ChatEventStream",
+    "DeferredHeadBody",
+    "EventChannelBody",
+    "MessagesEventStream",
+    "TurnEventStream",
+    "TurnStream",
+    "send_soon",
+]
 
 log = logging.getLogger("gateway.sse")
 _COMMENT = encode_comment()  # the keep-alive of a quiet stream
@@ -218,39 +227,33 @@ class EventChannelBody(DeferredHeadBody):
             self._nursery.cancel_scope.cancel()  # the stuck write too
 
 
-class TurnEventStream(EventChannelBody):
-    """A streamed `/v1/responses` body: one turn, its events as SSE."""
+class TurnStream(EventChannelBody):
+    """A streamed body of one turn: its status and headers, and its outcome once it is done.
 
-    def __init__(self, turn: Turn, *, heartbeats: Heartbeats) -> None:
+    With a `dialect`, the head waits for the turn's first answer for half a
+    heartbeat interval (at most `_MAX_HEAD_WAIT`): the client never waits
+    longer than a heartbeat for its first bytes, and a turn that failed by
+    then (`turn.rejection`) is answered with its status, as JSON in that
+    API's shape, instead of a stream (what the turn produced is not sent).
+    Without one (chat completions), the stream is committed at once.
+    """
+
+    dialect: Dialect | None = None
+
+    def __init__(self, turn: Any, *, heartbeats: Heartbeats, request_id: str | None = None) -> None:
         super().__init__(heartbeats, turn.resources.telemetry)
         self.turn = turn
+        self._request_id = request_id
         self._json_error: bytes | None = None
 
-    async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
-        async def emit(events: list[dict[str, Any]]) -> None:
-            await send_soon(out, b"".join([encode_event(event) for event in events]))
-
-        await self.turn.run(emit)
-        await out.send(encode_done())
-
-    def keep_alive(self) -> bytes:
-        """A numbered `ping` event in the required_action protocol (when it can go in order)."""
-        ping = self.turn.ping()
-        return encode_event(ping) if ping is not None else _COMMENT
-
     async def head(self) -> tuple[int, dict[str, str]]:
-        """Status and headers, decided before the first byte is sent.
-
-        Waits for the backend's first answer for half a heartbeat interval
-        (at most `_MAX_HEAD_WAIT`): the client never waits longer than a
-        heartbeat for its first bytes, and a later failure arrives as
-        `error` + `response.failed`.
-        """
+        if self.dialect is None:
+            return 200, dict(SSE_HEADERS)
         with trio.move_on_after(min(self._interval / 2, _MAX_HEAD_WAIT)):
             await self.turn.answered.wait()
         rejection = self.turn.rejection
         if rejection is not None:
-            status, self._json_error, headers = answer(rejection)
+            status, self._json_error, headers = answer(rejection, dialect=self.dialect, request_id=self._request_id)
             self.turn.outcome.http_status = status
             return status, headers
         return 200, dict(SSE_HEADERS)
@@ -265,25 +268,43 @@ class TurnEventStream(EventChannelBody):
 
     def closed(self) -> None:
         outcome = self.turn.outcome
-        outcome.client_left = self.client_left
+        outcome.client_left = outcome.client_left or self.client_left
         if self.first_write_at is not None:
             outcome.first_event_at = self.first_write_at
             outcome.finished_at = trio.current_time()  # a stream lasts until its last write went out
         self.turn.observe()
 
 
-class ChatEventStream(EventChannelBody):
+class TurnEventStream(TurnStream):
+    """A streamed `/v1/responses` body: one turn, its events as SSE, then `[DONE]` (a backend's
+    refusal within the head's wait is its own status)."""
+
+    dialect = "openai"
+
+    def __init__(self, turn: Turn, *, heartbeats: Heartbeats) -> None:
+        super().__init__(turn, heartbeats=heartbeats)
+
+    async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
+        async def emit(events: list[dict[str, Any]]) -> None:
+            await send_soon(out, b"".join([encode_event(event) for event in events]))
+
+        await self.turn.run(emit)
+        await out.send(encode_done())
+
+    def keep_alive(self) -> bytes:
+        """A numbered `ping` event in the required_action protocol (when it can go in order)."""
+        ping = self.turn.ping()
+        return encode_event(ping) if ping is not None else _COMMENT
+
+
+class ChatEventStream(TurnStream):
     """A streamed `/v1/chat/completions` body: one chat turn, its chunks as SSE, then `[DONE]`.
 
     Heartbeats are SSE comments, so clients wait through tool rounds.
     """
 
     def __init__(self, turn: ChatTurn, *, heartbeats: Heartbeats) -> None:
-        super().__init__(heartbeats, turn.resources.telemetry)
-        self.turn = turn
-
-    async def head(self) -> tuple[int, dict[str, str]]:
-        return 200, dict(SSE_HEADERS)
+        super().__init__(turn, heartbeats=heartbeats)
 
     async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
         async def emit(chunks: list[dict[str, Any]]) -> None:
@@ -292,13 +313,32 @@ class ChatEventStream(EventChannelBody):
         await self.turn.run(emit)
         await out.send(encode_done())
 
-    def closed(self) -> None:
-        outcome = self.turn.outcome
-        outcome.client_left = outcome.client_left or self.client_left
-        if self.first_write_at is not None:
-            outcome.first_event_at = self.first_write_at
-            outcome.finished_at = trio.current_time()
-        self.turn.observe()
+
+class MessagesEventStream(TurnStream):
+    """A streamed `/v1/messages` body: one chat-shaped turn whose events are Anthropic's.
+
+    Its keep-alive is Anthropic's `ping` event, from the stream's first
+    moment.  A failure before the model's first content (an unknown model, a
+    backend down) is answered with its HTTP status in Anthropic's shape, as
+    Anthropic answers; later, it is an `error` event.
+    """
+
+    dialect = "anthropic"
+
+    def __init__(self, turn: ChatTurn, *, heartbeats: Heartbeats, request_id: str | None = None) -> None:
+        super().__init__(turn, heartbeats=heartbeats, request_id=request_id)
+
+    async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
+        async def emit(events: list[dict[str, Any]]) -> None:
+            await send_soon(out, b"".join([encode_event(event) for event in events]))
+
+        await self.turn.run(emit)
+
+    def keep_alive(self) -> bytes:
+        return _PING
+
+
+_PING = encode_event({"type": "ping"})
 
 
 async def send_soon(channel: trio.MemorySendChannel[Any], value: Any) -> None:

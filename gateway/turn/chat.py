@@ -18,19 +18,20 @@ its bytes and reports the same outcome.  Nothing here knows HTTP or bytes.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import trio
 
-from ..errors import GatewayError, InternalError, ShuttingDown
+from ..errors import BackendStreamError, GatewayError, InternalError, ShuttingDown
 from ..intake import RequestContext
-from ..keys import StreamSlot, token_reservation
+from ..keys import Caller, StreamSlot, token_reservation
 from ..observe.outcome import TurnOutcome
 from ..streams.chat_session import ChatSession
-from .engine import Emit, Resources, report_outcome, run_rounds
+from .engine import Emit, Resources, Session, failed_with, report_outcome, run_rounds
 from .tools import RequestTools, offer_configured, offers_gateway_tools
 
-__all__ = ["ChatTurn", "prepare_chat"]
+__all__ = ["Admitted", "ChatShaped", "ChatTurn", "admit_chat", "prepare_chat"]
 
 log = logging.getLogger("gateway.turn")
 
@@ -43,56 +44,105 @@ async def prepare_chat(resources: Resources, body: dict[str, Any], ctx: RequestC
         RateLimited: a limit of the key is reached.
         StoreUnavailable: the key store failed.
     """
+    admitted = await admit_chat(resources, body, ctx, "chatcmpl", ctx.gateway_tools(body.pop("gateway_tools", None)))
+    streamed = bool(body.get("stream"))
+    relayed = not admitted.tools.routes and ctx.caller.limits.tpm is None
+    admitted.outcome.transport = "chat-relay" if relayed else "chat-sse" if streamed else "chat-json"
+    session = ChatSession(body, set(admitted.tools.routes), max_rounds=resources.settings.max_tool_call_iterations)
+    return ChatTurn(resources, session, admitted, relayed=relayed, streamed=streamed)
+
+
+@dataclass
+class Admitted:
+    """A chat request let in: the gateway's tools it is offered (added to its `tools`), its stream
+    slot and tokens reserved, and its outcome (transport to be named by the front end)."""
+
+    body: dict[str, Any]
+    tools: RequestTools
+    caller: Caller
+    slot: StreamSlot | None
+    outcome: TurnOutcome
+
+
+async def admit_chat(
+    resources: Resources, body: dict[str, Any], ctx: RequestContext, kind: str, gateway_tools: bool, *, admit: bool = True
+) -> Admitted:
+    """The admission every chat-shaped front end shares (chat completions, Messages): the one
+    tool-offering rule, the key's model and limits, tokens reserved (`max_tokens` bounded by
+    them); `kind` prefixes the id.  `admit=False` (a token count): only the key's model list
+    holds; nothing is reserved and no stream slot is taken.
+
+    Raises:
+        NotFound: the key may not use the model.
+        RateLimited: a limit of the key is reached.
+        StoreUnavailable: the key store failed.
+    """
     caller = ctx.caller
-    enabled = ctx.gateway_tools(body.pop("gateway_tools", None))
     tools = RequestTools()
-    if enabled and offers_gateway_tools(body.get("tool_choice")):
+    if gateway_tools and offers_gateway_tools(body.get("tool_choice")):
         own = {t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)}
         offer_configured(tools, resources.mcp, taken=own, limits=caller.limits)
-    tokens, max_tokens = token_reservation(body, caller.limits)
-    if max_tokens is not None:
-        body["max_tokens"] = max_tokens  # what it reserved bounds what it may use
-    chat_id = resources.ids("chatcmpl")
+    turn_id = resources.ids(kind)
     model = str(body.get("model") or "")
-    slot = await resources.limiter.admit_stream(caller, model, chat_id, tokens=tokens)
-    streamed = bool(body.get("stream"))
-    relayed = not tools.routes and caller.limits.tpm is None
-    transport = "chat-relay" if relayed else "chat-sse" if streamed else "chat-json"
-    outcome = TurnOutcome(chat_id, model, transport, trio.current_time(), key=caller.name, request_id=ctx.request_id)
-    return ChatTurn(resources, body, tools, ctx, outcome, slot, relayed=relayed, streamed=streamed)
+    slot = None
+    if admit:
+        tokens, max_tokens = token_reservation(body, caller.limits)
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens  # what it reserved bounds what it may use
+        slot = await resources.limiter.admit_stream(caller, model, turn_id, tokens=tokens)
+    else:
+        resources.limiter.check_model(caller, model)
+    if tools.chat_tools:
+        body["tools"] = [*(body.get("tools") or []), *tools.chat_tools]
+    outcome = TurnOutcome(turn_id, model, kind, trio.current_time(), key=caller.name, request_id=ctx.request_id)
+    return Admitted(body, tools, caller, slot, outcome)
+
+
+class ChatShaped(Session, Protocol):
+    """What a chat-shaped turn's session is beyond the engine's `Session` (`ChatSession`,
+    `MessagesSession`): its opening output, its summed usage, how it failed, and which of its
+    output the model generated."""
+
+    @property
+    def rounds(self) -> int: ...
+
+    @property
+    def usage(self) -> dict[str, Any] | None: ...
+
+    @property
+    def failure(self) -> str | None: ...
+
+    @property
+    def failure_message(self) -> str | None: ...
+
+    def start(self) -> list[Any]: ...
+
+    def generated(self, output: list[Any]) -> bool: ...
 
 
 class ChatTurn:
-    """One chat completion being produced (see the module docstring)."""
+    """One chat-shaped turn being produced (see the module docstring): a chat completion, or an
+    Anthropic message (`session` decides what the client sees)."""
 
-    def __init__(
-        self,
-        resources: Resources,
-        body: dict[str, Any],
-        tools: RequestTools,
-        ctx: RequestContext,
-        outcome: TurnOutcome,
-        slot: StreamSlot | None,
-        *,
-        relayed: bool,
-        streamed: bool,
-    ) -> None:
+    def __init__(self, resources: Resources, session: ChatShaped, admitted: Admitted, *, relayed: bool, streamed: bool) -> None:
         self.resources = resources
-        self.body = body
-        self.tools = tools
-        self.caller = ctx.caller
-        self.outcome = outcome
-        self.slot = slot
+        self.body = admitted.body
+        self.tools = admitted.tools
+        self.caller = admitted.caller
+        self.outcome = admitted.outcome
+        self.slot = admitted.slot
         self.relayed = relayed
         self.streamed = streamed
-        if tools.chat_tools:
-            body["tools"] = [*(body.get("tools") or []), *tools.chat_tools]
-        self.session = ChatSession(body, set(tools.routes), max_rounds=resources.settings.max_tool_call_iterations)
+        self.session = session
         self.failure: GatewayError | None = None  # what failed it, when a gateway error did
+        # The model produced something, or the turn failed before it did (`rejection`): until
+        # then a transport may still answer with an HTTP error rather than a stream.
+        self.answered = trio.Event()
+        self.rejection: GatewayError | None = None
 
     async def run(self, emit: Emit) -> None:
-        """Produce the chat completion, each batch of chunks to `emit`; the last is its end (a finish
-        chunk, or one error chunk).  Never raises but for cancellation (the client left, shutdown)."""
+        """Produce the turn, each batch of the session's output to `emit`; the last is its end (a
+        finish, or one error).  Never raises but for cancellation (the client left, shutdown)."""
         resources = self.resources
         settings = resources.settings
         session = self.session
@@ -101,38 +151,58 @@ class ChatTurn:
 
         async def timed(chunks: list[dict[str, Any]]) -> None:
             if chunks:
-                outcome.note_events(trio.current_time(), _generated(chunks))
+                generated = session.generated(chunks)
+                outcome.note_events(trio.current_time(), generated)
+                if not self.answered.is_set() and (generated or session.done):
+                    self._answered(generated)
                 await emit(chunks)
 
-        try:
-            with resources.drain.stoppable() as stop:  # a drain out of time ends the turn here
-                self.failure = await run_rounds(
-                    session,
-                    resources.backend,
-                    timed,
-                    self.tools,
-                    call_timeout=settings.mcp_call_timeout,
-                    concurrency=settings.mcp_call_concurrency,
-                    telemetry=resources.telemetry,
-                    admit_round=self._admit_round,
-                    outcome=outcome,
-                )
-            if stop.cancelled_caught and not session.done:
-                self.failure = ShuttingDown.stopped()
-                await timed(session.fail(self.failure.code or "server_shutting_down", self.failure.message))
-        except trio.Cancelled:
-            outcome.client_left = True
-            raise
-        except GatewayError as error:
-            self.failure = error
-            await timed(session.fail(error.code or "server_error", error.message, type=error.type, param=error.param))
-        except Exception:
-            log.debug("chat completion %s failed", outcome.response_id, exc_info=True)
-            self.failure = InternalError("The gateway failed to process the chat completion.")
-            await timed(session.fail(self.failure.code or "server_error", self.failure.message, type=self.failure.type))
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._settle()
+        with resources.telemetry.span("turn", model=outcome.model, transport=outcome.transport):
+            try:
+                await timed(session.start())
+                with resources.drain.stoppable() as stop:  # a drain out of time ends the turn here
+                    self.failure = await run_rounds(
+                        session,
+                        resources.backend,
+                        timed,
+                        self.tools,
+                        call_timeout=settings.mcp_call_timeout,
+                        concurrency=settings.mcp_call_concurrency,
+                        telemetry=resources.telemetry,
+                        admit_round=self._admit_round,
+                        outcome=outcome,
+                        on_answer=self._on_answer,
+                    )
+                if stop.cancelled_caught and not session.done:
+                    self.failure = ShuttingDown.stopped()
+                    await timed(failed_with(session, self.failure))
+            except trio.Cancelled:
+                outcome.client_left = True
+                raise
+            except GatewayError as error:
+                self.failure = error
+                await timed(failed_with(session, error))
+            except Exception:
+                log.debug("turn %s failed", outcome.response_id, exc_info=True)
+                self.failure = InternalError("The gateway failed to process the request.")
+                await timed(failed_with(session, self.failure))
+            finally:
+                if not self.answered.is_set():
+                    self._answered(False)
+                with trio.CancelScope(shield=True):
+                    await self._settle()
+
+    def _on_answer(self, error: GatewayError | None) -> None:
+        if error is not None and not self.answered.is_set():  # the backend refused, or could not be reached
+            self.rejection = error
+            self.answered.set()
+
+    def _answered(self, generated: bool) -> None:
+        """The first content, or the end before any: what failed it then is its rejection."""
+        session = self.session
+        if not generated and session.failure:
+            self.rejection = self.failure or BackendStreamError(session.failure_message or "the backend failed", code=session.failure)
+        self.answered.set()
 
     async def _admit_round(self, request: dict[str, Any]) -> None:
         """A tool loop's next backend round reserves its tokens like a request of its own."""
@@ -161,12 +231,3 @@ class ChatTurn:
     def observe(self) -> None:
         """Hand the outcome to telemetry and the log line (once the transport has filled in its part)."""
         report_outcome(self.resources, self.outcome)
-
-
-def _generated(chunks: list[dict[str, Any]]) -> bool:
-    for chunk in chunks:
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
-                return True
-    return False

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import orjson
 import trio
 
-from ..backends import ChatBackend
+from ..backends import ChatBackend, NativeRequest
 from ..config import Settings
 from ..drain import Drain
 from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot, token_reservation
@@ -70,7 +70,7 @@ from .tools import (
     run_calls,
 )
 
-__all__ = ["Emit", "Resources", "Session", "Turn", "prepare_turn", "report_outcome", "run_rounds"]
+__all__ = ["Emit", "Resources", "Session", "Turn", "failed_with", "prepare_turn", "report_outcome", "run_rounds"]
 
 log = logging.getLogger("gateway.turn")
 
@@ -113,8 +113,20 @@ class Resources:
 class Session(Protocol):
     """What `run_rounds` drives: a pure state machine over backend rounds (see streams.session)."""
 
-    request: dict[str, Any]
-    calls: list[RoundCall]
+    @property
+    def request(self) -> dict[str, Any]:
+        """The next backend round's chat request."""
+        ...
+
+    @property
+    def calls(self) -> list[RoundCall]:
+        """The gateway's calls of the round just ended, awaiting results."""
+        ...
+
+    @property
+    def native(self) -> NativeRequest | None:
+        """The round's request in a backend's own API, where the client sent one."""
+        ...
 
     @property
     def done(self) -> bool: ...
@@ -128,11 +140,16 @@ class Session(Protocol):
 
     def end_of_stream(self) -> list[Any]: ...
 
-    def fail(self, code: str, message: str, *, type: str = ..., param: str | None = ...) -> list[Any]: ...
+    def fail(self, code: str, message: str, *, type: str = ..., param: str | None = ..., status: int = ...) -> list[Any]: ...
 
     def tool_result(self, call: RoundCall, *, output: str | None = ..., error: str | None = ...) -> list[Any]: ...
 
     def tools_done(self) -> list[Any]: ...
+
+
+def failed_with(session: Session, error: GatewayError) -> list[Any]:
+    """The session's terminal failure for `error` (its code, message, type, param and status)."""
+    return session.fail(error.code or "server_error", error.message, type=error.type, param=error.param, status=error.status)
 
 
 async def run_rounds(
@@ -167,7 +184,7 @@ async def run_rounds(
             try:
                 await admit_round(session.request)
             except GatewayError as error:
-                await emit(session.fail(error.code or "server_error", error.message, type=error.type, param=error.param))
+                await emit(failed_with(session, error))
                 return error
         first = False
         with telemetry.span("backend round", round=getattr(session, "rounds", 0)):
@@ -196,7 +213,7 @@ async def _run_round(
     outcome: TurnOutcome | None,
 ) -> GatewayError | None:
     try:
-        async with backend.open_chat_stream(session.request, headers=telemetry.trace_headers()) as stream:
+        async with backend.open_chat_stream(session.request, headers=telemetry.trace_headers(), native=session.native) as stream:
             if outcome is not None:
                 outcome.backend = getattr(stream, "backend", None)
             if on_answer is not None:
@@ -227,7 +244,7 @@ async def _run_round(
         telemetry.backend_error(error.code or "backend_error")
         if on_answer is not None:
             on_answer(error)
-        await emit(session.fail(error.code or "server_error", error.message, type=error.type, param=error.param))
+        await emit(failed_with(session, error))
         return error
     return None
 
@@ -519,15 +536,15 @@ class Turn:
             if stop.cancelled_caught and not session.done:
                 stopping = ShuttingDown.stopped()
                 self._note_failure(stopping)
-                await hold_terminal(session.fail(stopping.code or "server_shutting_down", stopping.message))
+                await hold_terminal(failed_with(session, stopping))
         except GatewayError as error:
             self._note_failure(error)
-            await hold_terminal(session.fail(error.code or "server_error", error.message, type=error.type, param=error.param))
+            await hold_terminal(failed_with(session, error))
         except Exception:
             log.debug("turn %s failed", self.outcome.response_id, exc_info=True)
             internal = InternalError("The gateway failed to process the response.")
             self._note_failure(internal)
-            await hold_terminal(session.fail(internal.code or "server_error", internal.message, type=internal.type))
+            await hold_terminal(failed_with(session, internal))
         finally:
             self.answered.set()
         tail = held

@@ -35,7 +35,7 @@ log = logging.getLogger("gateway.turn")
 
 # Relayed paths that generate (or embed) tokens: admitted against a key's token
 # limit and concurrent streams, their usage counted, their outcome reported.
-GENERATION_PATHS = frozenset({"completions", "chat/completions", "embeddings", "messages"})
+GENERATION_PATHS = frozenset({"completions", "chat/completions", "embeddings"})
 
 
 @dataclass

@@ -1,15 +1,17 @@
-"""`gateway loadtest`: N concurrent streams against a Responses or Chat Completions endpoint.
+"""`gateway loadtest`: N concurrent streams against a Responses, Chat Completions or Messages endpoint.
 
 The load generator measures each stream precisely (time to first byte, event and text; every
 gap between events; the longest silence; the terminal event) and the server's CPU time and RSS,
 at a cost per stream small enough to share a machine with the server under test. It speaks to
-any server over the wire, the gateway or a backend directly (`--api chat`, for a baseline), and
-knows nothing of the gateway's internals.
+any server over the wire, the gateway (`--api responses`, or `--api messages` for Anthropic's
+Messages API) or a backend directly (`--api chat`, for a baseline), and knows nothing of the
+gateway's internals.
 
 One idea per module, from the wire up:
 
 - `framing`: HTTP/1.1 response heads and body framing (`ChunkedDecoder`).
-- `frames`: SSE frames found and classified by bytes, with the per-stream counts.
+- `frames`: SSE frames found and classified by bytes, with the per-stream counts; each API's
+  event vocabulary (`DIALECTS`) is a classifier there, the framing is shared.
 - `failures`: a failed request's error code and printable message.
 - `config`: what a run does (`LoadConfig`) and where its requests go.
 - `client`: one worker's kept-alive connection and the timing of each request.
@@ -38,6 +40,7 @@ from .report import cpu_model
 from .failures import error_fields as _error_fields
 from .frames import FrameScanner as _FrameScanner
 from .frames import classify_chat as _classify_chat
+from .frames import classify_messages as _classify_messages
 from .frames import classify_responses as _classify_responses
 from .report import Counters as _Counters
 from .report import aggregate as _aggregate

@@ -15,7 +15,7 @@ import sys
 import trio
 
 from ..fdlimit import raise_fd_limit
-from .config import DEFAULT_INPUT, DEFAULT_REQUESTS, LoadConfig
+from .config import APIS, DEFAULT_INPUT, DEFAULT_MAX_TOKENS, DEFAULT_REQUESTS, LoadConfig
 from .render import format_summary, percent, render_html
 from .report import LoadReport
 from .run import run_load
@@ -26,11 +26,13 @@ __all__ = ["add_arguments", "build_parser", "main"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the loadtest options to `parser` (the `gateway loadtest` subcommand uses this)."""
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL (default: %(default)s)")
-    parser.add_argument("--api", choices=("responses", "chat"), default="responses",
-                        help="POST /v1/responses, or /v1/chat/completions for a direct baseline")
+    parser.add_argument("--api", choices=APIS, default="responses",
+                        help="POST /v1/responses, /v1/chat/completions (a backend directly, for a baseline), "
+                        "or Anthropic's /v1/messages")
     parser.add_argument("--model", default="sim", help="model name (default: %(default)s)")
     parser.add_argument("--input", default=DEFAULT_INPUT, help="the user message")
-    parser.add_argument("--max-output-tokens", type=int, help="max_output_tokens (max_tokens for chat)")
+    parser.add_argument("--max-output-tokens", type=int,
+                        help=f"max_output_tokens (max_tokens for chat and messages; messages default {DEFAULT_MAX_TOKENS})")
     parser.add_argument("--concurrency", "-c", type=int, default=1, help="concurrent streams (default: 1)")
     parser.add_argument("--requests", "-n", type=int,
                         help=f"total requests (default: unlimited with --duration, else {DEFAULT_REQUESTS})")
@@ -136,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The standalone parser, for `python -m gateway.lab.loadtest`."""
     parser = argparse.ArgumentParser(
         prog="gateway loadtest",
-        description="Run concurrent streams against a Responses (or Chat Completions) endpoint and measure them.",
+        description="Run concurrent streams against a Responses, Chat Completions or Messages endpoint and measure them.",
     )
     add_arguments(parser)
     return parser

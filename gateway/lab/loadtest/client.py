@@ -25,9 +25,9 @@ from typing import Any
 import orjson
 import trio
 
-from .config import ApiKind, LoadConfig
+from .config import DEFAULT_MAX_TOKENS, ApiKind, LoadConfig
 from .failures import MAX_ERROR_BODY, body_failure
-from .frames import TERMINAL_NAMES, Classifier, FrameScanner, classify_chat, classify_responses
+from .frames import DIALECTS, TERMINAL_NAMES, FrameScanner
 from .framing import UntilCloseDecoder, decoder_for, parse_head
 from .report import Counters, RequestResult
 
@@ -38,6 +38,8 @@ _MAX_HEAD = 65536
 # A refused connection fails in microseconds; without a pause an unlimited run would spin a
 # core on a machine it shares with the server under test.
 _CONNECT_BACKOFF = 0.05
+# The version of Anthropic's Messages API the requests ask for (`anthropic-version`).
+ANTHROPIC_VERSION = "2023-06-01"
 
 
 class _Failure(Exception):
@@ -71,6 +73,14 @@ class Target:
             body = {"model": config.model, "input": config.input, "stream": True}
             if config.max_output_tokens is not None:
                 body["max_output_tokens"] = config.max_output_tokens
+        elif config.api == "messages":
+            tokens = config.max_output_tokens
+            body = {
+                "model": config.model,
+                "max_tokens": DEFAULT_MAX_TOKENS if tokens is None else tokens,
+                "stream": True,
+                "messages": [{"role": "user", "content": config.input}],
+            }
         else:
             body = {
                 "model": config.model,
@@ -87,6 +97,8 @@ class Target:
             "accept": ("Accept", "text/event-stream"),
             "content-type": ("Content-Type", "application/json"),
         }
+        if config.api == "messages":
+            headers["anthropic-version"] = ("anthropic-version", ANTHROPIC_VERSION)
         for name, value in config.headers:
             headers[name.lower()] = (name, value)
         headers["content-length"] = ("Content-Length", str(len(payload)))
@@ -136,8 +148,7 @@ class Client:
 
     def __init__(self, target: Target, api: ApiKind, counters: Counters) -> None:
         self._target = target
-        self._classify: Classifier = classify_responses if api == "responses" else classify_chat
-        self._chat = api == "chat"
+        self._dialect = DIALECTS[api]
         self._counters = counters
         self._conn: _Connection | None = None
         self._buf = b""  # bytes received past the previous response
@@ -208,7 +219,7 @@ class Client:
             keep_alive = False
             decoder = UntilCloseDecoder()
         ok_status = 200 <= status < 300
-        scanner = FrameScanner(self._classify, stamps.t_start) if ok_status else None
+        scanner = FrameScanner(self._dialect.classify, stamps.t_start) if ok_status else None
         error_body = bytearray()
         longest = 0.0
         last_byte = stamps.last_byte
@@ -287,11 +298,8 @@ class Client:
         if scanner.failed:
             result.code = scanner.error_code
             raise _Failure("failed_event", scanner.error_message or "the stream reported a failure")
-        if self._chat:
-            if not scanner.done:
-                raise _Failure("no_terminal", "the stream ended without [DONE]")
-        elif not scanner.terminal:
-            raise _Failure("no_terminal", "the stream ended without response.completed/incomplete")
+        if not (scanner.done if self._dialect.ends_with_done else scanner.terminal):
+            raise _Failure("no_terminal", f"the stream ended without {self._dialect.ending}")
 
     async def _send(
         self, result: RequestResult, stamps: _Timestamps

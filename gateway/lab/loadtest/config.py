@@ -11,12 +11,19 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
-__all__ = ["DEFAULT_INPUT", "DEFAULT_REQUESTS", "ApiKind", "Endpoint", "LoadConfig"]
+__all__ = ["APIS", "DEFAULT_INPUT", "DEFAULT_MAX_TOKENS", "DEFAULT_REQUESTS", "ApiKind", "Endpoint", "LoadConfig"]
 
-ApiKind = Literal["responses", "chat"]
+#: The API a run speaks: OpenAI's Responses API, Chat Completions (a backend directly, for a
+#: baseline) or Anthropic's Messages API.
+ApiKind = Literal["responses", "chat", "messages"]
+APIS: tuple[ApiKind, ...] = ("responses", "chat", "messages")
+_PATHS: dict[str, str] = {"responses": "/responses", "chat": "/chat/completions", "messages": "/messages"}
 
 #: Requests sent when neither a request count nor a duration is given.
 DEFAULT_REQUESTS = 100
+#: Anthropic's Messages API requires `max_tokens`: sent when `max_output_tokens` is not given,
+#: large enough not to cut the replies of a load test short.
+DEFAULT_MAX_TOKENS = 4096
 DEFAULT_INPUT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -59,8 +66,8 @@ class LoadConfig:
     ramp_up: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.api not in ("responses", "chat"):
-            raise ValueError(f"api must be 'responses' or 'chat', not {self.api!r}")
+        if self.api not in APIS:
+            raise ValueError(f"api must be one of {', '.join(APIS)}, not {self.api!r}")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if self.requests is not None and self.requests < 1:
@@ -99,5 +106,5 @@ class LoadConfig:
         prefix = parts.path.rstrip("/")
         if not prefix.endswith("/v1"):
             prefix += "/v1"
-        path = prefix + ("/responses" if self.api == "responses" else "/chat/completions")
+        path = prefix + _PATHS[self.api]
         return Endpoint(parts.hostname, port, parts.netloc.rsplit("@", 1)[-1], path)

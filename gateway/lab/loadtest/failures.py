@@ -1,10 +1,10 @@
 """What a failed request's server said: the error's code, as a label, and its message, as a sample
 safe to print.
 
-It owns the reading of OpenAI-shaped errors from a non-2xx body (`body_failure`) and from one
-SSE frame (`frame_failure`). It is called only once a failure was already seen, so parsing JSON
-here costs nothing on success. It knows nothing of sockets, framing or how frames are found:
-it gets bytes and returns text.
+It owns the reading of OpenAI- and Anthropic-shaped errors from a non-2xx body (`body_failure`)
+and from one SSE frame (`frame_failure`). It is called only once a failure was already seen, so
+parsing JSON here costs nothing on success. It knows nothing of sockets, framing or how frames
+are found: it gets bytes and returns text.
 """
 
 from __future__ import annotations
@@ -34,21 +34,25 @@ def body_failure(body: bytes) -> tuple[str | None, str]:
 
 
 def frame_failure(frame: bytes) -> tuple[str | None, str]:
-    """(code, message) of an `error` or `response.failed` SSE frame, or of a chat error chunk;
-    either may be missing."""
+    """(code, message) of an `error` or `response.failed` SSE frame, a chat error chunk, or
+    Anthropic's `error` event; either may be missing."""
     return error_fields(_frame_json(frame))
 
 
 def error_fields(data: object) -> tuple[str | None, str]:
     """(code, message) of an OpenAI-shaped error, either may be missing: `{"error": {...}}` (a
     JSON error body, a chat error chunk), a `response.failed` event's `response.error`, or an
-    `error` event's own `code` and `message`. The code becomes a label (at most 64 characters
-    of letters, digits and `_.:/-`); the message a printable sample."""
+    `error` event's own `code` and `message`; or an Anthropic-shaped error, `{"type": "error",
+    "error": {"type": ..., "message": ...}}` (a body or an `error` event), whose error's `type`
+    is its code. The code becomes a label (at most 64 characters of letters, digits and
+    `_.:/-`); the message a printable sample."""
     if not isinstance(data, dict):
         return None, ""
     error = data.get("error")
     if isinstance(error, str):  # `{"error": "text"}`, as some servers send
         return None, _sample(error)
+    if isinstance(error, dict) and "code" not in error and data.get("type") == "error":
+        error = {**error, "code": error.get("type")}  # Anthropic's: its type is what a code says
     response = data.get("response")
     candidates = [error, response.get("error") if isinstance(response, dict) else None, data]
     code: str | None = None

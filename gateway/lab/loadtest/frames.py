@@ -1,24 +1,36 @@
 """SSE frames, found and classified by bytes: the per-stream counts of the load generator.
 
 It owns `FrameScanner`, which cuts a decoded body into frames at blank lines and counts events,
-heartbeats (comments), text events, the terminal event and `[DONE]`, with each event's time;
-and the two classifiers, for the Responses API's events and for Chat Completions chunks.
-It knows nothing of sockets or HTTP framing: it is fed body bytes with the time they arrived.
+keep-alives, text events, the terminal event and `[DONE]`, with each event's time; and one
+classifier per API, the only part that knows an API's event names: the Responses API's events,
+Chat Completions chunks and Anthropic's Messages events. `DIALECTS` pairs each API with its
+classifier and with what must end a successful stream. It knows nothing of sockets or HTTP
+framing: it is fed body bytes with the time they arrived.
 
 No JSON is parsed per event, because the load generator's cost per stream must stay tiny next
 to the server it measures: each frame is classified by a few byte comparisons (the `event:`
-line, `"content":"`, a leading `:` for comments, `[DONE]`). Frames of one read share that
-read's timestamp. Only a failure frame is parsed, to read its code (`failures.py`).
+line, `"content":"`, `"text_delta"`, a leading `:` for comments, `[DONE]`). Frames of one read
+share that read's timestamp. Only a failure frame is parsed, to read its code (`failures.py`).
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .failures import MAX_ERROR_BODY, frame_failure
 
-__all__ = ["TERMINAL_NAMES", "Classifier", "FrameScanner", "classify_chat", "classify_responses"]
+__all__ = [
+    "DIALECTS",
+    "TERMINAL_NAMES",
+    "Classifier",
+    "Dialect",
+    "FrameScanner",
+    "classify_chat",
+    "classify_messages",
+    "classify_responses",
+]
 
 # A server that never sends a blank line would otherwise grow the frame buffer without bound.
 _MAX_FRAME = 16 * 1024 * 1024
@@ -27,8 +39,9 @@ _MAX_FRAME = 16 * 1024 * 1024
 _MAX_FAILURE_FRAMES = 4
 
 # What a classifier says of one frame; `FrameScanner.terminal` keeps the last terminal kind.
-_OTHER, _COMMENT, _DONE_FRAME, _TEXT, _COMPLETED, _INCOMPLETE, _FAILED = range(7)
-TERMINAL_NAMES = {_COMPLETED: "response.completed", _INCOMPLETE: "response.incomplete"}
+# A keep-alive is an SSE comment, or Anthropic's `ping` event: counted as a heartbeat, not an event.
+_OTHER, _KEEP_ALIVE, _DONE_FRAME, _TEXT, _COMPLETED, _INCOMPLETE, _STOPPED, _FAILED = range(8)
+TERMINAL_NAMES = {_COMPLETED: "response.completed", _INCOMPLETE: "response.incomplete", _STOPPED: "message_stop"}
 
 # Event names after `event: `; the trailing newline keeps prefixes of longer names from matching.
 _RESPONSES_EVENT_KINDS: tuple[tuple[bytes, int], ...] = (
@@ -52,6 +65,19 @@ _RESPONSES_TYPE_KINDS: tuple[tuple[bytes, int], ...] = (
     (b'"type":"error"', _FAILED),
 )
 
+# Anthropic's Messages events (it names every event). A `content_block_delta` is text only when
+# its delta is a `text_delta` (not `input_json_delta`, `thinking_delta`, `signature_delta`).
+_MESSAGES_DELTA = b"content_block_delta"
+_MESSAGES_TEXT_DELTA = b'"text_delta"'  # inside a JSON string its quotes would be escaped
+_MESSAGES_EVENT_KINDS: tuple[tuple[bytes, int], ...] = (
+    (b"ping\n", _KEEP_ALIVE),
+    (b"ping\r", _KEEP_ALIVE),
+    (b"message_stop\n", _STOPPED),
+    (b"message_stop\r", _STOPPED),
+    (b"error\n", _FAILED),
+    (b"error\r", _FAILED),
+)
+
 
 def _is_done(buf: bytearray, start: int) -> bool:
     return buf.startswith(b"data: [DONE]", start) or buf.startswith(b"data:[DONE]", start)
@@ -62,11 +88,9 @@ def classify_responses(buf: bytearray, start: int, end: int) -> int:
     `"type"` when the server sends `data:` lines only."""
     first = buf[start]
     if first == 0x3A:  # ":"
-        return _COMMENT
+        return _KEEP_ALIVE
     if first == 0x65 and buf.startswith(b"event:", start):  # "e"
-        name = start + 6
-        if buf[name] == 0x20:
-            name += 1
+        name = _event_name(buf, start)
         for prefix, kind in _RESPONSES_EVENT_KINDS:
             if buf.startswith(prefix, name):
                 return kind
@@ -82,7 +106,7 @@ def classify_responses(buf: bytearray, start: int, end: int) -> int:
 def classify_chat(buf: bytearray, start: int, end: int) -> int:
     """The kind of the Chat Completions frame `buf[start:end]`: text, `[DONE]`, an error chunk."""
     if buf[start] == 0x3A:
-        return _COMMENT
+        return _KEEP_ALIVE
     # Text chunks are most frames, so they are recognised first; an error chunk has no
     # `"content":` and `[DONE]` is not JSON.
     at = buf.find(b'"content":', start, end)
@@ -103,7 +127,51 @@ def classify_chat(buf: bytearray, start: int, end: int) -> int:
     return _OTHER
 
 
+def classify_messages(buf: bytearray, start: int, end: int) -> int:
+    """The kind of the Messages API frame `buf[start:end]`, by its `event:` line: a
+    `content_block_delta` with a `text_delta`, `message_stop` (the terminal event), `error`, and
+    `ping` (a keep-alive). A frame without an `event:` line is a comment or nothing known."""
+    first = buf[start]
+    if first == 0x3A:
+        return _KEEP_ALIVE
+    if first == 0x65 and buf.startswith(b"event:", start):
+        name = _event_name(buf, start)
+        # Text deltas are most frames, so they are recognised first.
+        if buf.startswith(_MESSAGES_DELTA, name):
+            return _TEXT if buf.find(_MESSAGES_TEXT_DELTA, name, end) >= 0 else _OTHER
+        for prefix, kind in _MESSAGES_EVENT_KINDS:
+            if buf.startswith(prefix, name):
+                return kind
+    return _OTHER
+
+
+def _event_name(buf: bytearray, start: int) -> int:
+    """Where the name of the `event:` line at `start` begins (after one optional space)."""
+    name = start + 6
+    if buf[name] == 0x20:
+        name += 1
+    return name
+
+
 Classifier = Callable[[bytearray, int, int], int]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """An API's event vocabulary: how its frames are classified, and what ends a successful
+    stream, `[DONE]` (`ends_with_done`) or a terminal event (`TERMINAL_NAMES`), as `ending`
+    says it in a `no_terminal` error."""
+
+    classify: Classifier
+    ends_with_done: bool
+    ending: str
+
+
+DIALECTS: dict[str, Dialect] = {
+    "responses": Dialect(classify_responses, False, "response.completed/incomplete"),
+    "chat": Dialect(classify_chat, True, "[DONE]"),
+    "messages": Dialect(classify_messages, False, "message_stop"),
+}
 
 
 class FrameScanner:
@@ -168,7 +236,7 @@ class FrameScanner:
                 start += 1
             if start < end:
                 kind = classify(buf, start, end)
-                if kind == _COMMENT:
+                if kind == _KEEP_ALIVE:
                     self.heartbeats += 1
                 elif kind == _DONE_FRAME:
                     self.done = True

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from .config import DEFAULT_REQUESTS
+from .config import DEFAULT_MAX_TOKENS, DEFAULT_REQUESTS
 from .report import LoadReport, RequestResult
 
 __all__ = ["format_summary", "percent", "render_html"]
@@ -113,7 +113,8 @@ def _settings_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
         elif key in ("timeout", "ramp_up"):
             value = "none" if not value else _seconds(value)
         elif key == "max_output_tokens" and value is None:
-            value = "the server's default"
+            # The Messages API requires max_tokens: the client sends its default.
+            value = f"{DEFAULT_MAX_TOKENS} (the default)" if config.get("api") == "messages" else "the server's default"
         elif key == "headers":
             # Names only, even if a caller built the report from a raw config: values may be keys.
             names = [item[0] if isinstance(item, (list, tuple)) else item for item in value]

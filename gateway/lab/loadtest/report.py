@@ -9,9 +9,10 @@ the text and HTML that show them (`render.py`).
 
 Error kinds (`RequestResult.error`): ``connect`` (TCP connect failed), ``http_status`` (status
 not 2xx), ``no_terminal`` (the body ended without `response.completed`/`response.incomplete`,
-or for chat without `[DONE]`), ``failed_event`` (a `response.failed` or `error` event, or a chat
-`{"error": ...}` chunk), ``timeout`` (`LoadConfig.timeout`), ``read`` (the connection failed or
-closed mid-response), ``protocol`` (the server's bytes are not valid HTTP/1.1 framing).
+for chat without `[DONE]`, for messages without `message_stop`), ``failed_event`` (a
+`response.failed` or `error` event, or a chat `{"error": ...}` chunk), ``timeout``
+(`LoadConfig.timeout`), ``read`` (the connection failed or closed mid-response), ``protocol``
+(the server's bytes are not valid HTTP/1.1 framing).
 
 The report counts failures by a finer kind (`RequestResult.failure_kind`, `LoadReport.failures`):
 ``http <status>`` and ``failed_event``, each followed by the error's `code` when the server gave
@@ -59,7 +60,7 @@ class RequestResult:
     time_to_first_text: float | None = None
     total: float | None = None
     events: int = 0
-    heartbeats: int = 0
+    heartbeats: int = 0  # keep-alives: SSE comments, and Anthropic's `ping` events
     reads: int = 0  # body reads: events per read shows how much the kernel coalesced
     gaps: array[float] = field(default_factory=lambda: array("d"))
     longest_silence: float | None = None

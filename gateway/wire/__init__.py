@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 import orjson
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 __all__ = [
     "AssistantPart",
