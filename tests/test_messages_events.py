@@ -224,3 +224,12 @@ def test_every_status_has_anthropics_error_type():
              508: "api_error", 529: "overloaded_error"}
     assert {status: anthropic_error_type(status) for status in table} == table
     assert anthropic_error_body(429, "slow down", "req_1") == {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}, "request_id": "req_1"}
+
+
+def test_a_tool_call_cut_by_max_tokens_says_max_tokens_not_tool_use():
+    events = run([chunk(call_delta(0, id="c1", name="get_weather", args='{"ci')), chunk(finish="length"), DONE])
+    assert check_stream(events) == "message_stop"
+    assert events[-2]["delta"]["stop_reason"] == "max_tokens"
+    s = session({"lookup"})  # nor is a cut call of the gateway's run
+    s.feed_batch([chunk(call_delta(0, id="g1", name="lookup", args='{"q')), chunk(finish="length"), DONE])
+    assert s.done and s.calls == []

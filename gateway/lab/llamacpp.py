@@ -214,6 +214,7 @@ async def run_llama_server(
     http_threads: int = 8,
     alias: str = DEFAULT_ALIAS,
     verbosity: int = 2,
+    chat_template_file: str | os.PathLike[str] | None = None,
     startup_timeout: float = 120.0,
     task_status: trio.TaskStatus[LlamaServerURL] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -243,6 +244,7 @@ async def run_llama_server(
         "--alias", alias,
         "--verbosity", str(verbosity),
         "--exit-on-stdin-eof",
+        *(["--chat-template-file", str(chat_template_file)] if chat_template_file is not None else []),
     ]  # fmt: skip
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -285,6 +287,7 @@ def _build_params(
     http_threads: int,
     alias: str,
     verbosity: int,
+    chat_template: str | None = None,
 ) -> Any:
     import xllamacpp
 
@@ -302,6 +305,8 @@ def _build_params(
     params.verbosity = verbosity
     if alias:
         params.model_alias = {alias}
+    if chat_template is not None:  # instead of the one the GGUF embeds (SmolLM2's has no tools)
+        params.chat_template = chat_template
     return params
 
 
@@ -317,6 +322,7 @@ def serve_forever(
     alias: str = DEFAULT_ALIAS,
     verbosity: int = 3,
     exit_on_stdin_eof: bool = False,
+    chat_template_file: str | os.PathLike[str] | None = None,
 ) -> int:
     """Blocking: serve in this process until SIGINT/SIGTERM/SIGHUP (or stdin EOF). Main thread only."""
     model = pathlib.Path(model_path) if model_path is not None else smollm2_model_path()
@@ -335,6 +341,7 @@ def serve_forever(
         http_threads=http_threads,
         alias=alias,
         verbosity=verbosity,
+        chat_template=pathlib.Path(chat_template_file).read_text() if chat_template_file is not None else None,
     )
     try:
         server = xllamacpp.Server(params)
@@ -379,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--http-threads", type=int, default=8)
     ap.add_argument("--alias", default=DEFAULT_ALIAS, help="model name reported by the server")
     ap.add_argument("--verbosity", type=int, default=3, help="llama.cpp log level (2=warn, 3=info)")
+    ap.add_argument("--chat-template-file", default=None, help="a jinja chat template to use instead of the model's")
     ap.add_argument("--exit-on-stdin-eof", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     try:
@@ -393,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             alias=args.alias,
             verbosity=args.verbosity,
             exit_on_stdin_eof=args.exit_on_stdin_eof,
+            chat_template_file=args.chat_template_file,
         )
     except FileNotFoundError as exc:
         print(exc, file=sys.stderr)

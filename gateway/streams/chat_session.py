@@ -221,6 +221,8 @@ class ChatSession:
         self._client_calls += flt.client_calls
         self._template = {**flt.template, **self._template}
         calls = flt.gateway_calls()
+        if flt.finish_reason == "length":  # cut off: a call it was making is not whole, and none is run
+            return self._finish("length")
         if not calls:
             reason = "tool_calls" if self._client_calls else flt.finish_reason or "stop"
             return self._finish(reason, flt.stop_sequence if reason == "stop" else None)
