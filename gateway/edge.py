@@ -114,6 +114,7 @@ class Edge:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         began = trio.current_time()
         request_id = _request_id(scope)
+        scope["gateway"]["arrived"] = began  # what the gateway adds to a response is counted from here
         status = 500
         # Anthropic's clients read the id from `request-id` (the SDKs' `_request_id`).
         ids = [(b"x-request-id", request_id.encode())]

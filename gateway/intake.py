@@ -61,6 +61,7 @@ class RequestContext:
     caller: Caller = ANONYMOUS
     request_id: str | None = None
     tools_header: str = ""  # x-gateway-tools
+    arrived: float | None = None  # trio time the edge saw the request (None: a WebSocket's frames)
 
     @classmethod
     def of(cls, scope: Any) -> RequestContext:
@@ -68,7 +69,10 @@ class RequestContext:
         notes = scope.get("gateway") or {}
         caller = notes.get("caller", ANONYMOUS)
         header = next((v for n, v in scope.get("headers", ()) if n == b"x-gateway-tools"), b"")
-        return cls(caller if isinstance(caller, Caller) else ANONYMOUS, notes.get("request_id"), header.decode("latin-1"))
+        arrived = notes.get("arrived") if scope.get("type") == "http" else None
+        return cls(
+            caller if isinstance(caller, Caller) else ANONYMOUS, notes.get("request_id"), header.decode("latin-1"), arrived
+        )
 
     def gateway_tools(self, flag: Any = None) -> bool:
         """Whether the gateway's tools are wanted, given the body's `gateway_tools` field."""

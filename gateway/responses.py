@@ -39,7 +39,8 @@ async def respond(shared: Shared, req: CreateResponseRequest, ctx: RequestContex
     kind = "background" if req.background else "sse" if req.stream else "json"
     tools = ctx.gateway_tools((req.model_extra or {}).get("gateway_tools"))
     turn = await prepare_turn(
-        shared.resources, req, transport=kind, caller=ctx.caller, gateway_tools=tools, request_id=ctx.request_id
+        shared.resources, req, transport=kind, caller=ctx.caller, gateway_tools=tools, request_id=ctx.request_id,
+        arrived=ctx.arrived,
     )
     if req.background:
         job = await shared.runner.start(turn)

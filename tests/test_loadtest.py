@@ -1197,3 +1197,56 @@ def test_the_module_exports_its_api() -> None:
         "render_html",
         "run_load",
     ]
+
+
+async def test_json_answers_and_websocket_turns_are_measured_on_every_path_of_the_gateway(nursery: trio.Nursery) -> None:
+    """`just bench`'s paths: JSON answers (`stream: false`) of the three APIs, the simulator's own
+    JSON, and the Responses API's WebSocket mode, each to its finished answer."""
+    simulator = Simulator(SimConfig(tokens=SIM_TOKENS))
+    sim_url = await nursery.start(simulator.serve)
+    url = await nursery.start(functools.partial(gateway.serve, make_settings(sim_url)))
+    with trio.fail_after(30):
+        reports = {
+            (api, where): await run_load(LoadConfig(url=target, api=api, stream=False, requests=4, concurrency=2))
+            for api, where, target in (
+                ("responses", "gateway", url),
+                ("chat", "gateway", url),
+                ("messages", "gateway", url),
+                ("chat", "simulator", sim_url),
+            )
+        }
+        sockets = await run_load(LoadConfig(url=url, websocket=True, requests=6, concurrency=2))
+
+    for (api, _), report in reports.items():
+        assert (report.requests_completed, report.requests_failed) == (4, 0), report.failure_examples
+        assert report.events_per_response == 1  # one answer, its arrival its first text
+        for result in report.requests:
+            assert result.time_to_first_text == result.total
+    assert reports[("responses", "gateway")].terminals == {"response.completed": 4}
+    assert reports[("messages", "gateway")].terminals == {"message_stop": 4}
+    assert simulator.stats.responses_completed >= 8  # the gateway asked the backend for JSON too
+
+    assert (sockets.requests_completed, sockets.requests_failed) == (6, 0), sockets.failure_examples
+    assert sockets.terminals == {"response.completed": 6}
+    assert sockets.events_per_response == GATEWAY_RESPONSES_EVENTS  # the events SSE sends, one per message
+    assert sockets.connections_opened == 2  # a connection per worker, its turns in sequence on it
+    for result in sockets.requests:
+        assert result.time_to_first_event is not None and result.time_to_first_text is not None
+        assert result.time_to_first_event <= result.time_to_first_text <= (result.total or 0)
+
+
+async def test_a_websocket_turn_that_fails_is_counted_with_its_code(nursery: trio.Nursery) -> None:
+    simulator = Simulator(SimConfig(tokens=SIM_TOKENS))
+    sim_url = await nursery.start(simulator.serve)
+    url = await nursery.start(functools.partial(gateway.serve, make_settings(sim_url)))
+    with trio.fail_after(30):
+        report = await run_load(LoadConfig(url=url, websocket=True, model="sim:fail=1,kinds=500", requests=2))
+    assert (report.requests_completed, report.requests_failed) == (0, 2)
+    assert report.failures == {"failed_event backend_error": 2}  # the turn's error event, read from its frame
+
+
+def test_websocket_mode_is_for_the_responses_api_streamed() -> None:
+    with pytest.raises(ValueError, match="websocket"):
+        LoadConfig(url="http://127.0.0.1:1", api="chat", websocket=True)
+    with pytest.raises(ValueError, match="websocket"):
+        LoadConfig(url="http://127.0.0.1:1", websocket=True, stream=False)

@@ -9,10 +9,12 @@ backend errors; MCP calls; store latency; the page's token; and the sum over
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import signal
 import sys
+from typing import Any
 
 import httpx2
 import pytest
@@ -344,3 +346,66 @@ async def test_workers_show_one_sum_whichever_answers_and_leave_no_files_behind(
         # The operator's directory stays, with the totals; the exited workers' live gauges are gone.
         left = sorted(path.name.split("_")[0] for path in given.iterdir())
         assert left and set(left) <= {"counter", "histogram"}, left
+
+
+# --- what the gateway adds ---------------------------------------------------------------------
+
+HOLD = 0.4  # how long the backend keeps each request waiting before its first token
+
+
+async def test_the_time_the_gateway_adds_is_counted_per_transport_without_the_backends_wait(gateway_url, client, backend):
+    """`gateway_overhead_seconds`: a response's duration less the time the gateway waited on the
+    backend. The backend holds each request HOLD seconds: the durations include that, the time
+    the gateway added does not."""
+
+    async def held(send: Any) -> None:
+        backend.release, backend.stream_started = trio.Event(), trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            with trio.fail_after(10):
+                await backend.stream_started.wait()
+            await trio.sleep(HOLD)  # the backend's latency, which the gateway must not count as its own
+            backend.release.set()
+
+    responses = gateway_url + "/v1/responses"
+    body = {"model": "slow-first-token", "input": "hi"}
+    chat = {"model": "slow-first-token", "messages": [{"role": "user", "content": "hi"}]}
+    message = {**chat, "max_tokens": 100}
+
+    async def post(url: str, payload: dict[str, Any], **headers: str) -> None:
+        answer = await client.post(url, json=payload, headers=headers)
+        assert answer.status_code == 200, answer.text
+
+    async def socket() -> None:
+        async with aconnect_ws(ws_url(gateway_url)) as ws:
+            events = await turn(ws, **body)
+        assert events[-1]["type"] == "response.completed"
+
+    sends = {
+        "sse": functools.partial(post, responses, {**body, "stream": True}),
+        "json": functools.partial(post, responses, body),
+        "websocket": socket,
+        "chat-relay": functools.partial(post, gateway_url + "/v1/chat/completions", {**chat, "stream": True}),
+        "messages": functools.partial(post, gateway_url + "/v1/messages", {**message, "stream": True}, **{"anthropic-version": "2023-06-01"}),
+    }
+    warm = {**body, "model": "text"}  # first requests pay for what is set up once (connections, the store)
+    await post(responses, warm)
+    await post(responses, {**warm, "stream": True})
+    before = await scrape(client, gateway_url)
+    for send in sends.values():
+        await held(send)
+
+    after = await scrape(client, gateway_url)
+
+    def grown(name: str, transport: str) -> float:
+        def total(m: Samples) -> float:
+            return sum(v for (n, labels), v in m.items() if n == name and ("transport", transport) in labels)
+
+        return total(after) - total(before)
+
+    for transport in sends:
+        duration = grown("gateway_response_duration_seconds_sum", transport)
+        added = grown("gateway_overhead_seconds_sum", transport)
+        assert grown("gateway_overhead_seconds_count", transport) == 1, transport
+        assert duration >= HOLD, transport
+        assert 0 < added < HOLD / 2, (transport, added, duration)

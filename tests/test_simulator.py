@@ -10,6 +10,7 @@ import httpx2
 import orjson
 import pytest
 import trio
+import trio.testing
 
 from gateway.lab.simulator import SimConfig, SimConfigError, Simulator
 
@@ -516,3 +517,39 @@ async def test_python_dash_m_serves_until_ctrl_c():
                 await proc.wait()
             assert proc.stdout is not None
             await proc.stdout.aclose()
+
+
+async def test_with_a_step_every_stream_gets_its_tokens_on_the_same_shared_clock(
+    start_sim: StartSim, mock_clock: trio.testing.MockClock
+):
+    """A batched model server's decoding steps: streams that started at different moments get
+    their later tokens at the same instants, the multiples of `step`."""
+    mock_clock.autojump_threshold = 0.05  # real sockets: the clock jumps only once bytes have had time to arrive
+    simulator, url = await start_sim(tokens=4, delay=0.1, step=0.1)
+    arrivals: dict[int, list[float]] = {}
+
+    async def stream(index: int, start_at: float) -> None:
+        await trio.sleep_until(start_at)
+        async with httpx2.AsyncClient(timeout=10) as http:
+            async with http.stream("POST", f"{url}{PATH}", json=chat(stream=True)) as resp:
+                async for line in resp.aiter_lines():
+                    if '"content":"tok' in line:
+                        arrivals.setdefault(index, []).append(trio.current_time())
+
+    began = trio.current_time()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for index, offset in enumerate((0.013, 0.047, 0.071)):
+                nursery.start_soon(stream, index, began + offset)
+    for times in arrivals.values():
+        assert len(times) == 4
+        later = [t / 0.1 for t in times[1:]]  # the first token comes at once; the others on the steps
+        assert all(abs(step - round(step)) < 0.02 for step in later), later
+    assert {round(t, 3) for t in arrivals[0][1:]} == {round(t, 3) for t in arrivals[2][1:]}
+
+
+def test_a_step_must_be_a_finite_non_negative_number():
+    with pytest.raises(SimConfigError) as caught:
+        SimConfig(step=-1)
+    assert caught.value.key == "step"
+    assert SimConfig().merged("sim:step=0.02", {}).step == 0.02

@@ -21,10 +21,12 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
+from .http1 import BACKEND_WAIT, WaitClock
 from .native import NativeRequest
 from .openai import OpenAICompatibleBackend
 
 __all__ = [
+    "BACKEND_WAIT",
     "Backend",
     "ChatBackend",
     "ChatChunks",
@@ -32,6 +34,7 @@ __all__ = [
     "OpenAICompatibleBackend",
     "Passthrough",
     "PassthroughBackend",
+    "WaitClock",
 ]
 
 

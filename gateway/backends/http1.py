@@ -19,7 +19,10 @@ What it does, as the adapters need it:
 - TLS (trio's SSLStream) for https origins;
 - a body read to its end returns its connection to the pool; a body closed
   early (the client left) closes the connection at once, which is what
-  tells the backend to stop generating.
+  tells the backend to stop generating;
+- the time a task spends waiting on a backend (connecting, for room to send,
+  for bytes to read) is added to the `WaitClock` in `BACKEND_WAIT`, when the
+  task set one: what the gateway adds to a response is its duration less that.
 
 Request bodies must be bytes (`content=`), which is what the chat path sends.
 """
@@ -31,6 +34,7 @@ import os
 import socket
 import ssl
 from collections.abc import Iterable
+from contextvars import ContextVar
 from typing import Any
 
 import httptools
@@ -39,12 +43,39 @@ import trio
 
 from ..loops import HOP_HEADER, outgoing_hops
 
-__all__ = ["Http1Transport"]
+__all__ = ["BACKEND_WAIT", "Http1Transport", "WaitClock"]
 
 _READ_SIZE = 64 * 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 Origin = tuple[str, str, int]
+
+
+class WaitClock:
+    """Seconds spent waiting on backends, by the tasks that carry it in `BACKEND_WAIT`."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+# Set by whoever wants to know how long its backend calls kept it waiting (a turn's rounds);
+# tasks started while it is set carry it too.
+BACKEND_WAIT: ContextVar[WaitClock | None] = ContextVar("BACKEND_WAIT", default=None)
+
+
+async def _waiting(wait: Any, *args: Any) -> None:
+    """`await wait(*args)`, its time added to the task's `WaitClock` (if it has one)."""
+    clock = BACKEND_WAIT.get()
+    if clock is None:
+        await wait(*args)
+        return
+    began = trio.current_time()
+    try:
+        await wait(*args)
+    finally:
+        clock.seconds += trio.current_time() - began
 
 
 class _Connection:
@@ -113,7 +144,7 @@ class _Connection:
         if self.tls is not None:
             with trio.move_on_after(timeout) as scope:
                 try:
-                    await self.tls.send_all(data)
+                    await _waiting(self.tls.send_all, data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     raise httpx2.WriteError("the connection was lost while sending") from exc
             if scope.cancelled_caught:
@@ -130,7 +161,7 @@ class _Connection:
             view = view[sent:]
             if view:
                 with trio.move_on_after(timeout) as scope:
-                    await trio.lowlevel.wait_writable(self.sock)
+                    await _waiting(trio.lowlevel.wait_writable, self.sock)
                 if scope.cancelled_caught:
                     raise httpx2.WriteTimeout("timed out sending to the backend")
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -145,7 +176,12 @@ class _Connection:
         if self.tls is not None:
             with trio.move_on_after(timeout) as scope:
                 try:
-                    return bytes(await self.tls.receive_some(_READ_SIZE))
+                    clock = BACKEND_WAIT.get()
+                    began = trio.current_time()
+                    data = bytes(await self.tls.receive_some(_READ_SIZE))
+                    if clock is not None:
+                        clock.seconds += trio.current_time() - began
+                    return data
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     raise httpx2.ReadError("the connection was lost") from exc
             raise httpx2.ReadTimeout("timed out reading from the backend")
@@ -159,8 +195,12 @@ class _Connection:
             else:
                 await trio.lowlevel.checkpoint_if_cancelled()
                 return data
+            clock = BACKEND_WAIT.get()  # (inlined: this wait is the hot path's)
+            began = trio.current_time() if clock is not None else 0.0
             with trio.move_on_after(timeout) as scope:
                 await trio.lowlevel.wait_readable(self.sock)
+            if clock is not None:
+                clock.seconds += trio.current_time() - began
             if scope.cancelled_caught:
                 raise httpx2.ReadTimeout("timed out reading from the backend")
 
@@ -319,7 +359,13 @@ class Http1Transport(httpx2.AsyncBaseTransport):
         if self.connections > self._max:  # (this request's slot counts already) drop an idle one to another origin
             self._drop_one_idle()
         with trio.move_on_after(timeout) as scope:
-            return await self._open(origin)
+            clock = BACKEND_WAIT.get()
+            began = trio.current_time()
+            try:
+                return await self._open(origin)
+            finally:
+                if clock is not None:
+                    clock.seconds += trio.current_time() - began
         raise httpx2.ConnectTimeout("timed out connecting to the backend")
 
     async def _open(self, origin: Origin) -> _Connection:

@@ -26,9 +26,12 @@ import os
 import pathlib
 import platform
 import socket
+import statistics
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from typing import Any
 
 import httpx2
@@ -36,6 +39,7 @@ import trio
 
 from .fdlimit import raise_fd_limit
 from .loadtest import LoadConfig, LoadReport, cpu_model, run_load
+from .loadtest.config import ApiKind
 
 __all__ = ["add_arguments", "main", "run_bench"]
 
@@ -199,15 +203,21 @@ class Row:
 
 
 class Bench:
-    def __init__(self, out: pathlib.Path, duration: float, quick: bool) -> None:
+    def __init__(self, out: pathlib.Path, duration: float, quick: bool, *, rounds: int = 3) -> None:
         self.out = out
         self.duration = duration
         self.quick = quick
+        self.rounds = rounds
         self.rows: list[Row] = []
         self.reports: dict[str, Any] = {}
-        # How busy the machine was before the bench loaded it (1, 5, 15 minutes): CPU figures
-        # measured beside other work are higher.
+        # How busy the machine was before the bench loaded it (1, 5, 15 minutes), and after:
+        # CPU figures measured beside other work are higher.
         self.load_average: tuple[float, float, float] | None = _load_average()
+        self.load_average_after: tuple[float, float, float] | None = None
+        self._machine_cpu = _machine_cpu_seconds()
+        self._own_cpu = _own_cpu_seconds()
+        self._began = time.monotonic()
+        self.others_cpu: float | None = None  # cores' worth of CPU used by other processes during the run
 
     async def load(self, name: str, config: LoadConfig, pids: Sequence[int] = ()) -> LoadReport:
         print(f"  running {name} ...", flush=True)
@@ -218,6 +228,51 @@ class Bench:
 
     def row(self, *cells: str) -> None:
         self.rows.append(Row(*cells))
+
+    def finish(self) -> None:
+        """Note how busy the machine was: the load average now, and the CPU that processes other
+        than the bench's own (this one and the servers it started) used while it ran."""
+        self.load_average_after = _load_average()
+        machine, own = _machine_cpu_seconds(), _own_cpu_seconds()
+        wall = time.monotonic() - self._began
+        if machine is not None and self._machine_cpu is not None and wall > 0:
+            self.others_cpu = max(0.0, (machine - self._machine_cpu) - (own - self._own_cpu)) / wall
+
+    def busy(self) -> str | None:
+        """Why the figures may be high because of other work, or None for a quiet machine."""
+        cores = os.cpu_count() or 1
+        reasons = []
+        if self.load_average is not None and self.load_average[0] > BUSY_LOAD_PER_CORE * cores:
+            reasons.append(f"the load average was {self.load_average[0]:.2f} before the run ({cores} cores)")
+        if self.others_cpu is not None and self.others_cpu > BUSY_OTHERS_CORES:
+            reasons.append(f"other processes used {self.others_cpu:.2f} of a core while it ran")
+        return "; ".join(reasons) or None
+
+
+# A machine is busy when, before the run, its 1-minute load average passes this share of its
+# cores, or when, during it, other processes use more than this much of a core.
+BUSY_LOAD_PER_CORE = 0.5
+BUSY_OTHERS_CORES = 0.1
+
+
+def _machine_cpu_seconds() -> float | None:
+    """Busy CPU time of the whole machine since boot (/proc/stat), None where there is none."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    """CPU time of this process and of its children that have ended (every server the bench
+    started has ended by the time `finish` asks)."""
+    import resource
+
+    mine, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _load_average() -> tuple[float, float, float] | None:
@@ -236,180 +291,288 @@ def _met(ok: bool) -> str:
     return "yes" if ok else "NO"
 
 
+# Rounds every comparison runs in, at least: one favourable run is not a measurement.
+ROUNDS = 3
+# JSON answers and WebSocket turns may cost this much more CPU per response than the hot route.
+TRANSPORT_CPU_RATIO_TARGET = 1.2
+# The chat completions byte relay keeps at least this share of the simulator's throughput (c=50).
+RELAY_THROUGHPUT_TARGET = 0.8
+# The hot route keeps at least this share of the simulator's throughput on the burst (c=50).
+BURST_THROUGHPUT_TARGET = 0.5
+# The Messages front end may cost this much more CPU per streamed event than the Responses route.
+MESSAGES_CPU_RATIO_TARGET = 1.2
+# CPU per relayed event on the paced scenario, SQLite store on.
+PACED_EVENT_CPU_TARGET_US = 8.0
+# What the gateway may add to the first text delta at c=1.
+FIRST_DELTA_TARGET_MS = {"p50": 1.0, "p99": 2.0}
+# The paced scenario: a model server under batch load sends each stream one token per step.
+PACED_STREAMS = 50
+PACED_STEP = 0.02
+PACED_TOKENS = 100
+PACED_MODEL = f"sim:delay={PACED_STEP},step={PACED_STEP},tokens={PACED_TOKENS}"
+
+
 async def run_bench(
     out: pathlib.Path,
     *,
-    duration: float = 8.0,
+    duration: float = 5.0,
     quick: bool = False,
     slow_streams: int = 10000,
     only: str = "all",
     pin: bool = True,
+    rounds: int = ROUNDS,
 ) -> Bench:
-    """Run every scenario (or `only` one part); returns the bench with its table rows."""
+    """Run every scenario (or `only` one part); returns the bench with its table rows.
+
+    Every scenario that compares the gateway with the simulator runs in `rounds` (at least
+    three) interleaved rounds, the simulator direct and the gateway alternating, and its rows
+    give the median with the range of the rounds."""
     global PLACEMENT
     raise_fd_limit()
     out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(out, duration, quick)
+    if quick:
+        duration = min(duration, 2.0)
+    bench = Bench(out, duration, quick, rounds=max(ROUNDS, rounds))
     PLACEMENT = Placement.of_this_machine() if pin else Placement(None, None, len(_cores()) or os.cpu_count() or 1)
     PLACEMENT.pin(0, PLACEMENT.tools)  # this process runs the load generator
-    if only == "shared":
-        await _shared_service_scenario(bench)
-        return bench
-    if only == "heartbeats":
+    if only in ("all", "throughput", "latency"):
+        await _paced_latency_scenario(bench, pin)
+    if only in ("all", "throughput", "paths"):
+        await _paths_scenario(bench)
+    if only in ("all", "throughput", "paced"):
+        await _paced_scenario(bench)
+    if only in ("all", "throughput", "floor"):
+        await _floor_scenario(bench)
+    if only == "all":
+        await _workers_scenario(bench)
+    if only in ("all", "shared"):
+        await _shared_service_scenario(bench, rounds=bench.rounds)
+    if only in ("all", "heartbeats") and slow_streams > 0:
         for streams in sorted({min(5000, slow_streams), slow_streams}):
             await _heartbeat_scenario(bench, streams)
-        return bench
-    # --- added latency on a stream paced like a fast model ------------------------
-    await _paced_latency_scenario(bench, pin)
-    # --- throughput and added latency: 200-chunk replies without delay --------
-    async with _simulator(tokens=200) as (sim_url, sim_proc):
-        async with _gateway(sim_url) as (gw_url, gw_proc):
-            for api in ("responses", "messages"):
-                await run_load(LoadConfig(url=gw_url, api=api, concurrency=4, requests=40))
-            for concurrency in (1, 50, 200):
-                direct = await bench.load(
-                    f"direct-c{concurrency}",
-                    LoadConfig(url=sim_url, api="chat", concurrency=concurrency, duration=duration),
-                    [sim_proc.pid],
-                )
-                via = await bench.load(
-                    f"gateway-c{concurrency}",
-                    LoadConfig(url=gw_url, api="responses", concurrency=concurrency, duration=duration),
-                    [gw_proc.pid],
-                )
-                ratio = via.throughput_rps / direct.throughput_rps if direct.throughput_rps else 0.0
-                target = "≥ 0.50" if concurrency == 50 else ""
-                bench.row(
-                    f"throughput, 200 chunks, c={concurrency}",
-                    "responses/s",
-                    f"{via.throughput_rps:.1f}",
-                    f"{direct.throughput_rps:.1f}",
-                    f"{ratio:.2f}",
-                    target,
-                    _met(ratio >= 0.5) if target else "",
-                )
-                if concurrency in (1, 50):
-                    for q in ("p50", "p99"):
-                        _first_delta_row(bench, f"time to first text delta, c={concurrency}, 200-chunk burst ({q})", via, direct, q)
-                if concurrency == 50:
-                    cpu = via.server.cpu_per_response_ms if via.server else None
-                    direct_cpu = direct.server.cpu_per_response_ms if direct.server else None
-                    events = via.events_per_response or 1.0
-                    bench.row(
-                        "server CPU per relayed response, c=50",
-                        "CPU ms",
-                        f"{cpu or 0:.2f} ms",
-                        f"{direct_cpu or 0:.2f} ms (simulator)",
-                        "",
-                        "≤ 1.6 ms",
-                        _met(cpu is not None and cpu <= 1.6),
-                    )
-                    per_event = (cpu or 0) / events * 1000
-                    bench.row(
-                        "server CPU per relayed event, c=50",
-                        "CPU µs",
-                        f"{per_event:.1f} µs",
-                        f"{events:.0f} events/response",
-                        "",
-                        "≤ 8 µs",
-                        _met(cpu is not None and per_event <= 8.0),
-                    )
-                    single = via.throughput_rps
-                    # The Messages front end on the same gateway, right after the Responses route.
-                    messages = await bench.load(
-                        f"messages-c{concurrency}",
-                        LoadConfig(url=gw_url, api="messages", concurrency=concurrency, duration=duration),
-                        [gw_proc.pid],
-                    )
-                    _messages_rows(bench, via, messages, concurrency)
-                    await _profile_scenario(bench, gw_url, gw_proc.pid, per_event)
-
-        # --- two workers -------------------------------------------------------
-        if only == "throughput":
-            return bench
-        async with _gateway(sim_url, workers=2) as (gw2_url, gw2_proc):
-            await run_load(LoadConfig(url=gw2_url, api="responses", concurrency=4, requests=40))
-            two = await bench.load(
-                "gateway-2workers-c50",
-                LoadConfig(url=gw2_url, api="responses", concurrency=50, duration=duration),
-                [gw2_proc.pid],
-            )
-            scale = two.throughput_rps / single if single else 0.0
-            # Two workers need a core each beside the load tools' one.
-            cores = PLACEMENT.cores
-            free_core = cores >= 3
-            bench.row(
-                "gateway serve --workers 2, c=50",
-                "responses/s",
-                f"{two.throughput_rps:.1f}",
-                f"{single:.1f} (1 worker)",
-                f"{scale:.2f}",
-                "≥ 1.6" if free_core else "≥ 1.6 with a free core",
-                _met(scale >= 1.6) if free_core else f"n/a: {cores} cores, none free for a 2nd worker",
-            )
-
-    await _shared_service_scenario(bench)
-
-    # --- heartbeats under load: slow first token ---------------------------------
-    if slow_streams <= 0:
-        return bench
-    for streams in sorted({min(5000, slow_streams), slow_streams}):
-        await _heartbeat_scenario(bench, streams)
+    bench.finish()
     return bench
 
 
-# The Messages front end may cost this much more CPU per streamed event than the Responses route.
-MESSAGES_CPU_RATIO_TARGET = 1.2
+@dataclasses.dataclass(frozen=True)
+class Path:
+    """One way a client reaches the gateway, measured against the simulator direct."""
+
+    name: str
+    api: ApiKind
+    stream: bool = True
+    websocket: bool = False
+    limited: bool = False  # with the key that has a token limit (the chat path's session)
+
+    def config(self, url: str, concurrency: int, duration: float, keys: dict[str, str], **more: Any) -> LoadConfig:
+        secret = keys["limited" if self.limited else "plain"]
+        header = ("x-api-key", secret) if self.api == "messages" else ("authorization", f"Bearer {secret}")
+        return LoadConfig(
+            url=url, api=self.api, stream=self.stream, websocket=self.websocket, concurrency=concurrency,
+            duration=duration, headers=(header,), **more,
+        )
+
+    @property
+    def direct(self) -> str:
+        """Which of the simulator's answers this path is compared with: streamed or JSON."""
+        return "stream" if self.stream else "json"
 
 
-def _messages_rows(bench: Bench, responses: LoadReport, messages: LoadReport, concurrency: int) -> None:
-    """CPU per streamed message and per streamed event on /v1/messages, beside the Responses
-    route's figures from the same gateway in the same run, and their ratios. The target is on
-    the CPU per event (the two APIs frame one reply in slightly different numbers of events);
-    a run with failed requests does not meet it."""
-    cpu = responses.server.cpu_per_response_ms if responses.server else None
-    m_cpu = messages.server.cpu_per_response_ms if messages.server else None
-    events = responses.events_per_response or 1.0
-    m_events = messages.events_per_response or 1.0
-    per_event = (cpu or 0.0) / events * 1000
-    m_per_event = (m_cpu or 0.0) / m_events * 1000
-    counts = " vs ".join(f"{r.events_per_response:.0f}" if r.events_per_response else "-" for r in (messages, responses))
-    failed = f", {messages.requests_failed} failed" if messages.requests_failed else ""
-    bench.row(
-        f"server CPU per streamed message, /v1/messages, c={concurrency}",
-        "CPU ms",
-        f"{m_cpu or 0:.2f} ms",
-        f"{cpu or 0:.2f} ms (/v1/responses)",
-        f"{m_cpu / cpu:.2f}×" if m_cpu and cpu else "-",
-        "",
-        "",
-    )
-    ratio = m_per_event / per_event if m_cpu and cpu else None
-    target = MESSAGES_CPU_RATIO_TARGET
-    bench.row(
-        f"server CPU per streamed event, /v1/messages, c={concurrency} ({counts} events/response{failed})",
-        "CPU µs",
-        f"{m_per_event:.1f} µs",
-        f"{per_event:.1f} µs (/v1/responses)",
-        f"{ratio:.2f}×" if ratio is not None else "-",
-        f"≤ {target:g}×",
-        _met(ratio is not None and ratio <= target and not messages.requests_failed),
-    )
+PATHS = (
+    Path("/v1/responses streamed (the hot route)", "responses"),
+    Path("/v1/responses JSON", "responses", stream=False),
+    Path("/v1/responses WebSocket, sequential turns", "responses", websocket=True),
+    Path("/v1/chat/completions relayed as bytes", "chat"),
+    Path("/v1/chat/completions with the session (a key with a token limit)", "chat", limited=True),
+    Path("/v1/messages streamed", "messages"),
+)
+HOT = PATHS[0]
 
 
-def _first_delta_row(bench: Bench, scenario: str, via: LoadReport, direct: LoadReport, q: str, target: bool = False) -> None:
-    through = getattr(via.time_to_first_text_ms, q) or 0.0
-    straight = getattr(direct.time_to_first_text_ms, q) or 0.0
-    added = through - straight
-    bench.row(
-        scenario,
-        "added by the gateway",
-        f"{through:.2f} ms",
-        f"{straight:.2f} ms",
-        f"{added:+.2f} ms",
-        "≤ 1 ms" if target else "",
-        _met(added <= 1.0) if target else "",
-    )
+@contextlib.asynccontextmanager
+async def _keyed_store() -> AsyncIterator[tuple[dict[str, str], dict[str, str]]]:
+    """A SQLite store (in a temporary folder) holding two keys, `plain` (no limits) and
+    `limited` (a token limit, so that chat completions run their session); yields the keys'
+    secrets and the gateway's environment for that store."""
+    with tempfile.TemporaryDirectory() as folder:
+        env = {"STORE_BACKEND": "sqlite", "SQLITE_PATH": os.path.join(folder, "bench.sqlite3")}
+        keys: dict[str, str] = {}
+        for name, limits in (("plain", ()), ("limited", ("--tpm", "1000000000000"))):
+            made = await trio.run_process(
+                [sys.executable, "-m", "gateway", "keys", "create", name, *limits],
+                env={**os.environ, **env, "LOG_FILE_PATH": ""},
+                capture_stdout=True,
+                capture_stderr=True,
+            )
+            keys[name] = made.stdout.decode().strip()
+        yield keys, env
+
+
+async def _paths_scenario(bench: Bench, concurrencies: Sequence[int] = (1, 50)) -> None:
+    """Every path a client uses, on the 200-chunk burst, at c=1 and c=50, SQLite store on and
+    keys required: the gateway's CPU per response, and its throughput as a share of the
+    simulator's (streamed or JSON, as the path answers)."""
+    runs: dict[tuple[str, int], list[LoadReport]] = {}
+    async with _keyed_store() as (keys, env), _simulator(tokens=200) as (sim_url, sim_proc):
+        async with _gateway(sim_url, extra=env) as (gw_url, gw_proc):
+            for path in PATHS:  # warm every path (connections, caches, the store's tables)
+                await _checked(path.name, run_load(path.config(gw_url, 4, 1.0, keys, requests=40)))
+            for round_ in range(bench.rounds):
+                for concurrency in concurrencies:
+                    for direct in ("stream", "json"):
+                        config = LoadConfig(
+                            url=sim_url, api="chat", stream=direct == "stream", concurrency=concurrency, duration=bench.duration
+                        )
+                        report = await bench.load(f"direct-{direct}-c{concurrency}-r{round_}", config, [sim_proc.pid])
+                        runs.setdefault((f"direct-{direct}", concurrency), []).append(report)
+                    for path in PATHS:
+                        config = path.config(gw_url, concurrency, bench.duration, keys)
+                        report = await bench.load(f"{_slug(path.name)}-c{concurrency}-r{round_}", config, [gw_proc.pid])
+                        runs.setdefault((path.name, concurrency), []).append(report)
+    for concurrency in concurrencies:
+        _path_rows(bench, runs, concurrency)
+
+
+def _path_rows(bench: Bench, runs: dict[tuple[str, int], list[LoadReport]], concurrency: int) -> None:
+    hot = runs[(HOT.name, concurrency)]
+    for path in PATHS:
+        via, direct = runs[(path.name, concurrency)], runs[(f"direct-{path.direct}", concurrency)]
+        failed = sum(r.requests_failed for r in via)
+        share = Spread([_share(v, d) for v, d in zip(via, direct)])
+        target, met = "", ""
+        if path is HOT and concurrency == 50:
+            target, met = f"≥ {BURST_THROUGHPUT_TARGET:.2f}", _met(share.median >= BURST_THROUGHPUT_TARGET)
+        elif path.api == "chat" and not path.limited and concurrency == 50:
+            target, met = f"≥ {RELAY_THROUGHPUT_TARGET:.2f}", _met(share.median >= RELAY_THROUGHPUT_TARGET)
+        bench.row(
+            f"{path.name}, 200-chunk burst, c={concurrency}" + (f" ({failed} failed)" if failed else ""),
+            "CPU per response; responses/s; share of direct",
+            f"{Spread([_cpu_ms(r) for r in via]).ms()}; {Spread([r.throughput_rps for r in via]).plain(0)}/s",
+            f"{Spread([_cpu_ms(r) for r in direct]).ms()}; {Spread([r.throughput_rps for r in direct]).plain(0)}/s"
+            + (" (JSON)" if path.direct == "json" else ""),
+            share.plain(2),
+            target,
+            "NO" if failed and target else met,
+        )
+        if path is HOT:
+            continue
+        # Compared with the hot route round by round: JSON and WebSocket by CPU per response,
+        # Messages by CPU per event (its replies frame into another number of events).
+        per_event = path.api == "messages"
+        if not (per_event or path.websocket or not path.stream):
+            continue
+        ratio = Spread([_cpu_ratio(v, h, per_event) for v, h in zip(via, hot)])
+        limit = MESSAGES_CPU_RATIO_TARGET if per_event else TRANSPORT_CPU_RATIO_TARGET
+        bench.row(
+            f"{path.name} against the hot route, c={concurrency}",
+            "CPU per event" if per_event else "CPU per response",
+            _per_event(via) if per_event else Spread([_cpu_ms(r) for r in via]).ms(),
+            (_per_event(hot) if per_event else Spread([_cpu_ms(r) for r in hot]).ms()) + " (hot route)",
+            f"{ratio.plain(2)}×",
+            f"≤ {limit:g}×",
+            _met(ratio.median <= limit and not failed),
+        )
+
+
+def _slug(name: str) -> str:
+    words = "".join(c if c.isalnum() else " " for c in name.split(" (")[0])
+    return "-".join(words.split()).lower()
+
+
+def _cpu_ms(report: LoadReport) -> float:
+    return (report.server.cpu_per_response_ms or 0.0) if report.server else 0.0
+
+
+def _share(via: LoadReport, direct: LoadReport) -> float:
+    return via.throughput_rps / direct.throughput_rps if direct.throughput_rps else 0.0
+
+
+def _event_us(report: LoadReport) -> float:
+    return _cpu_ms(report) / (report.events_per_response or 1.0) * 1000
+
+
+def _per_event(reports: list[LoadReport]) -> str:
+    return Spread([_event_us(r) for r in reports]).plain(1, "µs")
+
+
+def _cpu_ratio(via: LoadReport, hot: LoadReport, per_event: bool) -> float:
+    mine, theirs = (_event_us(via), _event_us(hot)) if per_event else (_cpu_ms(via), _cpu_ms(hot))
+    return mine / theirs if theirs else 0.0
+
+
+def _added(via: LoadReport, direct: LoadReport, measure: str, q: str) -> float:
+    return (getattr(getattr(via, measure), q) or 0.0) - (getattr(getattr(direct, measure), q) or 0.0)
+
+
+async def _checked(name: str, load: Awaitable[LoadReport]) -> LoadReport:
+    """A warm-up that must succeed: a path that fails here would measure its failures."""
+    report = await load
+    if report.requests_failed:
+        raise RuntimeError(f"{name}: {report.requests_failed} of the warm-up's requests failed ({report.failures})")
+    return report
+
+
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    """A figure's rounds: the median, and the range."""
+
+    values: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else 0.0
+
+    def plain(self, digits: int, unit: str = "", *, signed: bool = False) -> str:
+        sign = "+" if signed else ""
+        unit = f" {unit}" if unit else ""
+        low, high = (min(self.values), max(self.values)) if self.values else (0.0, 0.0)
+        return f"{self.median:{sign}.{digits}f}{unit} [{low:{sign}.{digits}f} to {high:{sign}.{digits}f}]"
+
+    def ms(self) -> str:
+        return self.plain(2, "ms")
+
+
+async def _paced_scenario(bench: Bench) -> None:
+    """50 streams, each chunk its own upstream write 20 ms apart (a 100-token reply lasts 2 s),
+    SQLite store on and keys required: the gateway's CPU per relayed event (the row the target
+    applies to) and the time it adds to each event, against the simulator direct, round after
+    round; then the same load under py-spy, CPU per event by layer."""
+    seconds = max(bench.duration, 3 * PACED_STEP * PACED_TOKENS)
+    via_runs: list[LoadReport] = []
+    direct_runs: list[LoadReport] = []
+    async with _keyed_store() as (keys, env), _simulator(tokens=200) as (sim_url, sim_proc):
+        async with _gateway(sim_url, extra=env) as (gw_url, gw_proc):
+            gateway = HOT.config(gw_url, PACED_STREAMS, seconds, keys, model=PACED_MODEL)
+            direct = LoadConfig(url=sim_url, api="chat", model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds)
+            await _checked("paced", run_load(dataclasses.replace(gateway, duration=None, requests=PACED_STREAMS)))
+            for round_ in range(bench.rounds):
+                direct_runs.append(await bench.load(f"paced-direct-r{round_}", direct, [sim_proc.pid]))
+                via_runs.append(await bench.load(f"paced-gateway-r{round_}", gateway, [gw_proc.pid]))
+            per_event = Spread([_event_us(r) for r in via_runs])
+            failed = sum(r.requests_failed for r in via_runs)
+            bench.row(
+                f"CPU per relayed event, paced: {PACED_STREAMS} streams, a chunk per write {PACED_STEP * 1000:.0f} ms apart"
+                + (f" ({failed} failed)" if failed else ""),
+                "CPU µs per event",
+                per_event.plain(1, "µs"),
+                f"{_per_event(direct_runs)} (simulator)",
+                f"{Spread([_event_us(v) / (_event_us(d) or 1.0) for v, d in zip(via_runs, direct_runs)]).plain(2)}×",
+                f"≤ {PACED_EVENT_CPU_TARGET_US:g} µs",
+                _met(per_event.median <= PACED_EVENT_CPU_TARGET_US and not failed),
+            )
+            for what, measure in (("first text delta", "time_to_first_text_ms"), ("last event", "total_latency_ms")):
+                for q in ("p50", "p99"):
+                    added = Spread([_added(v, d, measure, q) for v, d in zip(via_runs, direct_runs)])
+                    bench.row(
+                        f"time added to each event, paced, c={PACED_STREAMS}: the {what} ({q})",
+                        "added by the gateway",
+                        added.plain(2, "ms", signed=True),
+                        "",
+                        "",
+                        "",
+                        "",
+                    )
+            await _profile_scenario(bench, gateway, gw_proc.pid, per_event.median, "paced")
 
 
 async def _paced_latency_scenario(bench: Bench, pin: bool) -> None:
@@ -419,32 +582,92 @@ async def _paced_latency_scenario(bench: Bench, pin: bool) -> None:
     simulator writes all its chunks within a millisecond and the gateway
     translates them as they come: on a two-core machine both cores are then
     busy, and the load generator reads the gateway's first delta only when
-    one of them is free (the gateway has sent it ~0.6 ms earlier by then).
-    A paced stream leaves the load generator a core to read with, and one
-    paced stream at a time is light enough for the tools to share one core,
-    so from two cores up the gateway gets a core of its own.
+    one of them is free.  A paced stream leaves the load generator a core to
+    read with, and one paced stream at a time is light enough for the tools
+    to share one core, so from two cores up the gateway gets a core of its
+    own.  SQLite store on and keys required, as on every path.
     """
     placement = Placement.for_light_load(_cores()) if pin else PLACEMENT
+    via_runs: list[LoadReport] = []
+    direct_runs: list[LoadReport] = []
     with _placed(placement):
-        async with _simulator(tokens=_PACED_TOKENS, delay=_PACED_DELAY) as (sim_url, sim_proc):
-            async with _gateway(sim_url) as (gw_url, gw_proc):
-                await run_load(LoadConfig(url=gw_url, api="responses", concurrency=1, requests=20))
-                direct = await bench.load(
-                    "direct-c1-paced", LoadConfig(url=sim_url, api="chat", concurrency=1, duration=bench.duration), [sim_proc.pid]
-                )
-                via = await bench.load(
-                    "gateway-c1-paced", LoadConfig(url=gw_url, api="responses", concurrency=1, duration=bench.duration), [gw_proc.pid]
-                )
+        async with _keyed_store() as (keys, env), _simulator(tokens=_PACED_TOKENS, delay=_PACED_DELAY) as (sim_url, sim_proc):
+            async with _gateway(sim_url, extra=env) as (gw_url, gw_proc):
+                gateway = HOT.config(gw_url, 1, bench.duration, keys)
+                direct = LoadConfig(url=sim_url, api="chat", concurrency=1, duration=bench.duration)
+                await _checked("c=1", run_load(dataclasses.replace(gateway, duration=None, requests=20)))
+                for round_ in range(bench.rounds):
+                    direct_runs.append(await bench.load(f"direct-c1-paced-r{round_}", direct, [sim_proc.pid]))
+                    via_runs.append(await bench.load(f"gateway-c1-paced-r{round_}", gateway, [gw_proc.pid]))
     where = ""
     if placement is not PLACEMENT and placement.tools is not None and placement.gateway is not None:
         where = f"; tools on core {min(placement.tools)}, gateway on {', '.join(map(str, sorted(placement.gateway)))}"
-    for q in ("p50", "p99"):
-        scenario = f"time to first text delta, c=1, tokens {_PACED_DELAY * 1000:.0f} ms apart{where} ({q})"
-        _first_delta_row(bench, scenario, via, direct, q, target=q == "p50")
+    for q, target in (("p50", FIRST_DELTA_TARGET_MS["p50"]), ("p99", FIRST_DELTA_TARGET_MS["p99"])):
+        added = Spread([_added(v, d, "time_to_first_text_ms", q) for v, d in zip(via_runs, direct_runs)])
+        bench.row(
+            f"time to first text delta, c=1, tokens {_PACED_DELAY * 1000:.0f} ms apart{where} ({q})",
+            "added by the gateway",
+            added.plain(2, "ms", signed=True),
+            Spread([getattr(d.time_to_first_text_ms, q) or 0.0 for d in direct_runs]).ms() + " direct",
+            "",
+            f"≤ {target:g} ms",
+            _met(added.median <= target),
+        )
 
 
 _PACED_TOKENS = 10
 _PACED_DELAY = 0.005
+
+
+async def _floor_scenario(bench: Bench) -> None:
+    """The floor: what a bare trio relay (`gateway.lab.floor`: raw sockets, one SSE frame out
+    per chunk in, no parsing, translation, store, keys or framework) costs per event on the
+    paced load, measured the same way as the gateway.  No Python gateway on trio relays an
+    event for less; the gap between the two is what the gateway's layers cost."""
+    seconds = max(bench.duration, 3 * PACED_STEP * PACED_TOKENS)
+    runs: list[LoadReport] = []
+    async with _simulator(tokens=200) as (sim_url, _sim_proc):
+        port = _free_port()
+        args = [sys.executable, "-m", "gateway.lab.floor", "--port", str(port), "--backend", sim_url]
+        async with _process(args, f"http://127.0.0.1:{port}", cores=PLACEMENT.gateway) as floor_proc:
+            config = LoadConfig(url=f"http://127.0.0.1:{port}", model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds)
+            await _checked("floor", run_load(dataclasses.replace(config, duration=None, requests=PACED_STREAMS)))
+            for round_ in range(bench.rounds):
+                runs.append(await bench.load(f"floor-paced-r{round_}", config, [floor_proc.pid]))
+    bench.row(
+        f"floor: a bare trio relay, paced, c={PACED_STREAMS} (no parsing, translation, store or framework)",
+        "CPU µs per event",
+        _per_event(runs),
+        "",
+        "",
+        "",
+        "",
+    )
+
+
+async def _workers_scenario(bench: Bench) -> None:
+    """`gateway serve --workers 2` against one worker, on the burst at c=50, in rounds."""
+    one: list[LoadReport] = []
+    two: list[LoadReport] = []
+    async with _simulator(tokens=200) as (sim_url, _sim_proc):
+        async with _gateway(sim_url) as (gw1_url, gw1_proc), _gateway(sim_url, workers=2) as (gw2_url, gw2_proc):
+            for url in (gw1_url, gw2_url):
+                await _checked("workers", run_load(LoadConfig(url=url, concurrency=4, requests=40)))
+            for round_ in range(bench.rounds):
+                one.append(await bench.load(f"gateway-1worker-c50-r{round_}", LoadConfig(url=gw1_url, concurrency=50, duration=bench.duration), [gw1_proc.pid]))
+                two.append(await bench.load(f"gateway-2workers-c50-r{round_}", LoadConfig(url=gw2_url, concurrency=50, duration=bench.duration), [gw2_proc.pid]))
+    scale = Spread([t.throughput_rps / o.throughput_rps if o.throughput_rps else 0.0 for t, o in zip(two, one)])
+    cores = PLACEMENT.cores
+    free_core = cores >= 3  # two workers need a core each beside the load tools' one
+    bench.row(
+        "gateway serve --workers 2, 200-chunk burst, c=50",
+        "responses/s",
+        Spread([t.throughput_rps for t in two]).plain(0),
+        Spread([o.throughput_rps for o in one]).plain(0) + " (1 worker)",
+        scale.plain(2),
+        "≥ 1.6" if free_core else "≥ 1.6 with a free core",
+        _met(scale.median >= 1.6) if free_core else f"n/a: {cores} cores, none free for a 2nd worker",
+    )
 
 
 # Where a sample's CPU goes: the first frame from the leaf up that one of these names (trio's
@@ -502,16 +725,17 @@ def _py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-async def _profile_scenario(bench: Bench, gw_url: str, pid: int, per_event_us: float) -> None:
-    """A separate c=50 run under py-spy (sampling, not pausing the gateway): µs per event by layer."""
+async def _profile_scenario(bench: Bench, load: LoadConfig, pid: int, per_event_us: float, label: str) -> None:
+    """The same load again, under py-spy (sampling, not pausing the gateway): the CPU per event
+    by layer, as shares of `per_event_us`."""
     spy = _py_spy()
     if spy is None:
-        bench.row("profile: CPU per event by layer", "", "py-spy not installed", "", "", "", "")
+        bench.row(f"profile, {label}: CPU per event by layer", "", "py-spy not installed", "", "", "", "")
         return
-    seconds = max(3, int(bench.duration) - 2)
-    out = bench.out / "profile.txt"
+    seconds = max(3, int(load.duration or bench.duration) - 1)
+    out = bench.out / f"profile-{label}.txt"
     async with trio.open_nursery() as nursery:  # the load and the profiler, side by side
-        nursery.start_soon(functools.partial(run_load, LoadConfig(url=gw_url, api="responses", concurrency=50, duration=seconds + 2)))
+        nursery.start_soon(functools.partial(run_load, dataclasses.replace(load, duration=seconds + 2)))
         await trio.sleep(1)  # into the steady state
         result = await trio.run_process(
             [spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "250", "--nonblocking",
@@ -519,10 +743,10 @@ async def _profile_scenario(bench: Bench, gw_url: str, pid: int, per_event_us: f
             capture_stdout=True, capture_stderr=True, check=False,
         )
     if result.returncode != 0 or not out.exists():
-        bench.row("profile: CPU per event by layer", "", "py-spy could not attach", "", "", "", "")
+        bench.row(f"profile, {label}: CPU per event by layer", "", "py-spy could not attach", "", "", "", "")
         return
     for layer, share in profile_layers(out.read_text()).items():
-        bench.row(f"profile, c=50: {layer}", "CPU µs per event", f"{share * per_event_us:.2f} µs", "", f"{share:.0%}", "", "")
+        bench.row(f"profile, {label}: {layer}", "CPU µs per event", f"{share * per_event_us:.2f} µs", "", f"{share:.0%}", "", "")
 
 
 async def _heartbeat_scenario(bench: Bench, streams: int) -> None:
@@ -633,22 +857,39 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {datetime.date.today().isoformat()}"
 
 
+def commit() -> str:
+    """The commit the bench ran from, and whether the working tree differed from it."""
+    here = pathlib.Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True, check=True)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "commit unknown (not a git checkout)"
+    return f"commit {head.stdout.strip()}" + (" with uncommitted changes" if status.stdout.strip() else "")
+
+
+def _load(values: tuple[float, float, float] | None) -> str:
+    return ", ".join(f"{n:.2f}" for n in values) if values is not None else "unknown"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-results", help="folder for JSON and HTML results")
-    parser.add_argument("--duration", type=float, default=8.0, help="seconds per throughput run")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per load run (each of every round)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds per comparison (at least {ROUNDS})")
     parser.add_argument(
         "--slow-streams", type=int, default=10000, help="concurrent streams in the largest heartbeat scenario (and 5000)"
     )
-    parser.add_argument("--quick", action="store_true", help="shorter runs (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="2-second load runs (a smoke test; still every round)")
     parser.add_argument(
         "--no-pin", dest="pin", action="store_false", help="let the OS place the processes (default from 3 cores: tools and gateway on separate cores)"
     )
     parser.add_argument(
         "--only",
-        choices=["all", "throughput", "shared", "heartbeats"],
+        choices=["all", "throughput", "latency", "paths", "paced", "floor", "shared", "heartbeats"],
         default="all",
-        help="one part: throughput (one worker, c=1/50/200; /v1/messages beside /v1/responses at c=50), "
-        "shared (the cost of keys, limits and metrics), heartbeats",
+        help="one part: latency (first text delta added at c=1), paths (every path at c=1 and c=50), "
+        "paced (50 streams a token per 20 ms, with its profile), floor (a bare trio relay on the paced load), "
+        "throughput (those four), shared (the cost of keys, limits and metrics), heartbeats",
     )
 
 
@@ -656,21 +897,39 @@ def main(args: argparse.Namespace) -> int:
     out = pathlib.Path(args.out)
     bench = trio.run(
         lambda: run_bench(
-            out, duration=args.duration, quick=args.quick, slow_streams=args.slow_streams, only=args.only, pin=args.pin
+            out,
+            duration=args.duration,
+            quick=args.quick,
+            slow_streams=args.slow_streams,
+            only=args.only,
+            pin=args.pin,
+            rounds=args.rounds,
         )
     )
     table = render(bench)
-    header = f"Responses gateway benchmark — {machine()}; {PLACEMENT.describe()}"
-    if bench.load_average is not None:
-        header += "; load average before the run " + ", ".join(f"{n:.2f}" for n in bench.load_average)
+    header = (
+        f"Responses gateway benchmark — {machine()}; {commit()}; {PLACEMENT.describe()}; "
+        f"medians of {bench.rounds} interleaved rounds [range]; load average before the run {_load(bench.load_average)}, "
+        f"after it {_load(bench.load_average_after)}"
+    )
+    if bench.others_cpu is not None:
+        header += f"; other processes used {bench.others_cpu:.2f} of a core while it ran"
+    busy = bench.busy()
     print()
     print(header)
+    if busy:
+        print(f"\nWARNING: the machine was busy ({busy}): these figures are higher than on a quiet machine.")
     print()
     print(table)
-    (out / "table.md").write_text(header + "\n\n" + table + "\n")
+    (out / "table.md").write_text(header + ("\n\nWARNING: the machine was busy: " + busy if busy else "") + "\n\n" + table + "\n")
     results = {
         "machine": machine(),
+        "commit": commit(),
+        "rounds": bench.rounds,
         "load_average": bench.load_average,
+        "load_average_after": bench.load_average_after,
+        "others_cpu": bench.others_cpu,
+        "busy": busy,
         "rows": [dataclasses.asdict(r) for r in bench.rows],
         "runs": bench.reports,
     }

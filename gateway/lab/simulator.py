@@ -28,8 +28,10 @@ Timing: response headers go out at once (as llama.cpp and vLLM do); after ``ttft
 role chunk and the first token; every later token after ``delay`` ± ``jitter`` (never
 negative); the finish/usage/``[DONE]`` chunks follow the last token without delay. Times are
 kept on an absolute schedule, so a stream lasts ``ttft`` + the sum of its delays (trio's timers
-are up to 1 ms late each, which would otherwise add up). A non-streamed response waits the
-same total time, then sends the whole JSON.
+are up to 1 ms late each, which would otherwise add up). With ``step``, every later token
+leaves at the next multiple of ``step`` on a clock all streams share, as a batched model server
+gives each stream of a batch its token in the same decoding step: many streams' chunks then
+arrive together. A non-streamed response waits the same total time, then sends the whole JSON.
 
 HTTP: HTTP/1.1 with keep-alive (``connection: close`` honoured) and ``Expect: 100-continue``;
 streams are always chunked, so HTTP/1.0 clients can use the JSON endpoints only.
@@ -137,12 +139,13 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "fail": _parse_float,
     "kinds": _parse_kinds,
     "seed": int,
+    "step": _parse_float,
 }
 
 
 def _check(key: str, value: Any) -> None:
     """Raise `SimConfigError` unless ``value`` is valid for ``key``."""
-    if key in ("ttft", "delay", "jitter", "fail"):
+    if key in ("ttft", "delay", "jitter", "fail", "step"):
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not number or not math.isfinite(value):
             raise SimConfigError(key, f"expected a finite number, got {value!r}")
@@ -183,6 +186,9 @@ class SimConfig:
     fail: float = 0.0  # probability that a request fails
     kinds: tuple[str, ...] = ("500",)  # failure kinds to choose from (see FAILURE_KINDS)
     seed: int = 0
+    # > 0: chunks leave on a clock shared by every stream, at the next multiple of `step`
+    # seconds, as a batched model server's decoding steps give every stream its token at once.
+    step: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -871,7 +877,7 @@ class Simulator:
         if completion.failure == "hang":
             await _wait_for_eof(stream)
             raise trio.BrokenResourceError  # counted as a disconnect by the caller
-        await _send_frames(stream, completion.frames(), timers)
+        await _send_frames(stream, completion.frames(), timers, completion.config.step)
         if completion.failure == "drop":
             return False
         if completion.failure is None:
@@ -896,7 +902,7 @@ class Simulator:
 
 
 async def _send_frames(
-    stream: trio.SocketStream, frames: Iterator[tuple[float, bytes]], timers: _Timers
+    stream: trio.SocketStream, frames: Iterator[tuple[float, bytes]], timers: _Timers, step: float = 0.0
 ) -> None:
     """Write each frame with its own write(2), at its time.
 
@@ -921,6 +927,8 @@ async def _send_frames(
     for delay, data in frames:
         if delay > 0:
             due += delay
+            if step > 0:  # on the shared clock: the next decoding step at or after `due`
+                due = math.ceil(due / step - 1e-9) * step
             now = clock()
             if due > now:
                 await timers.sleep_until(due)
@@ -978,6 +986,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"failure kinds to choose from, e.g. 500,midstream (known: {','.join(FAILURE_KINDS)})",
     )
     add("--seed", type=int, default=d.seed, help="seed of the per-request random choices")
+    add(
+        "--step",
+        type=float,
+        default=d.step,
+        help="seconds of a decoding step shared by every stream (0: none): each chunk leaves at a multiple of it",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -993,6 +1007,7 @@ def main(args: argparse.Namespace) -> int:
             fail=args.fail,
             kinds=_parse_kinds(args.kinds),
             seed=args.seed,
+            step=args.step,
         )
     except SimConfigError as exc:
         print(f"simulate-backend: {exc}", file=sys.stderr)

@@ -50,6 +50,8 @@ _ANONYMOUS = "anonymous"  # the key label of requests without an API key
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 # A store call takes milliseconds; a slow one tens of them.
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# What the gateway adds to a response: under a millisecond when all is well, more under load.
+OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # Distinct values a label may take in one process before newcomers become `other`.
@@ -176,6 +178,17 @@ class PrometheusTelemetry(Telemetry):
                 registry=registry,
             )
         )
+        self._added = _Children(
+            Histogram(
+                "gateway_overhead_seconds",
+                "Time the gateway added to a response: from the request's arrival to the response's end, "
+                "less the time spent waiting on the backend (connecting, sending, reading its answer) and "
+                "on the gateway's tool calls.",
+                ["transport"],
+                buckets=OVERHEAD_BUCKETS,
+                registry=registry,
+            )
+        )
         self._tokens = _Children(
             Counter(
                 "gateway_tokens",
@@ -283,6 +296,9 @@ class PrometheusTelemetry(Telemetry):
             self._first_token(model).observe(outcome.first_token_at - started)
         if outcome.finished_at is not None:
             self._duration(model, transport).observe(outcome.finished_at - started)
+            added = outcome.added
+            if added is not None:
+                self._added(transport).observe(added)
         usage = outcome.usage or {}
         tokens_in = int(usage.get("input_tokens") or 0)
         tokens_out = int(usage.get("output_tokens") or 0)

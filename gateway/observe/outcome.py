@@ -42,6 +42,15 @@ class TurnOutcome:
     error: dict[str, Any] | None = None
     rounds: int = 0
     client_left: bool = False
+    waited: float = 0.0  # seconds spent waiting on backends and on the gateway's tool calls
+
+    @property
+    def added(self) -> float | None:
+        """What the gateway added to the response: its duration less the time it waited on
+        backends and tools (None before it finished)."""
+        if self.finished_at is None:
+            return None
+        return max(0.0, self.finished_at - self.started - self.waited)
 
     @property
     def final_status(self) -> str:

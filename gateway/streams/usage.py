@@ -16,6 +16,7 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -24,6 +25,7 @@ __all__ = ["UsageMeter", "usage_tokens"]
 
 _TAIL = 256 * 1024  # of a JSON body: where its usage is looked for
 _MAX_LINE = 1 << 20  # an event line longer than this is not looked into
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 
 
 def usage_tokens(usage: Any) -> int | None:
@@ -65,9 +67,11 @@ class UsageMeter:
         whole, rest = buf[:cut], buf[cut:]
         self._line = bytearray(rest) if len(rest) <= _MAX_LINE else bytearray()
         carried = whole.startswith(b"data:") or b"\ndata:" in whole or b"\rdata:" in whole
-        if b'"usage"' in whole:
+        # Only an event whose usage is an object is read: streams that ask for usage carry
+        # `"usage":null` in every chunk, and parsing each would cost the relay a JSON decode per event.
+        if b'"usage"' in whole and _USAGE_OBJECT.search(whole):
             for line in whole.splitlines():
-                if line.startswith(b"data:") and b'"usage"' in line:
+                if line.startswith(b"data:") and _USAGE_OBJECT.search(line):
                     self._take(line[5:].strip())
         return carried
 

@@ -15,12 +15,13 @@ the last whole event.  A drain that runs out of time stops it the same way
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import trio
 
-from ..backends import PassthroughBackend
+from ..backends import BACKEND_WAIT, PassthroughBackend, WaitClock
 from ..drain import Drain
 from ..errors import BackendTimeout, GatewayError, ShuttingDown, error_json
 from ..render import answer
@@ -33,6 +34,8 @@ __all__ = ["PassthroughBody"]
 
 log = logging.getLogger("gateway")
 
+
+T = TypeVar("T")
 
 class PassthroughBody(DeferredHeadBody):
     """Relays one request to the backend, streaming the answer (see the module docstring)."""
@@ -64,7 +67,7 @@ class PassthroughBody(DeferredHeadBody):
             with trio.CancelScope() as self._read:
                 if self._stopped:
                     self._read.cancel()
-                self._upstream = await cm.__aenter__()
+                self._upstream = await self._waited(cm.__aenter__())
         except GatewayError as error:
             self._fail_before_answer(error)
         else:
@@ -149,9 +152,20 @@ class PassthroughBody(DeferredHeadBody):
             raise StopAsyncIteration
         return self._ending + b"data: " + error_json(ending) + b"\n\n" + encode_done()
 
+    async def _waited(self, step: Awaitable[T]) -> T:
+        """`await step`, the time it waits on the backend counted in the relay's outcome."""
+        clock = WaitClock()
+        waiting = BACKEND_WAIT.set(clock)
+        try:
+            return await step
+        finally:
+            BACKEND_WAIT.reset(waiting)
+            if self._relay.outcome is not None:
+                self._relay.outcome.waited += clock.seconds
+
     async def _next_chunk(self) -> bytes:
         try:
-            return cast(bytes, await self._chunks.__anext__())
+            return cast(bytes, await self._waited(self._chunks.__anext__()))
         except StopAsyncIteration:
             raise
         except Exception as error:  # the backend dropped mid-body; nothing more can be said

@@ -51,7 +51,8 @@ async def serve_websocket(resources: Resources, ctx: RequestContext, receive: Re
             if waiting.cancelled_caught:
                 break
             waiting = trio.CancelScope()
-            await _turn(resources, ctx, raw if isinstance(raw, bytes) else raw.encode(), latest, send)
+            arrived = trio.current_time()
+            await _turn(resources, ctx, raw if isinstance(raw, bytes) else raw.encode(), latest, send, arrived)
     if drain.draining.is_set():
         await close(1001)  # going away: the turn in progress has ended first
     elif limit.cancelled_caught or trio.current_time() - opened >= settings.websocket_max_age:
@@ -68,8 +69,10 @@ async def _turn(
     frame: bytes,
     latest: dict[str, Any],
     send: Callable[[list[dict[str, Any]]], Awaitable[None]],
+    arrived: float,
 ) -> None:
-    """One `response.create`, to its terminal event (or its error envelope)."""
+    """One `response.create`, to its terminal event (or its error envelope); `arrived`: when
+    its frame did."""
     previous: Any = None
     try:
         req, body = ws_create_request(frame)
@@ -84,6 +87,7 @@ async def _turn(
             gateway_tools=ctx.gateway_tools((req.model_extra or {}).get("gateway_tools")),
             cached=(str(previous), cached) if cached is not None else None,
             request_id=ctx.request_id,
+            arrived=arrived,
         )
     except GatewayError as error:
         if isinstance(previous, str):

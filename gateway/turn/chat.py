@@ -94,7 +94,8 @@ async def admit_chat(
         resources.limiter.check_model(caller, model)
     if tools.chat_tools:
         body["tools"] = [*(body.get("tools") or []), *tools.chat_tools]
-    outcome = TurnOutcome(turn_id, model, kind, trio.current_time(), key=caller.name, request_id=ctx.request_id)
+    started = ctx.arrived if ctx.arrived is not None else trio.current_time()
+    outcome = TurnOutcome(turn_id, model, kind, started, key=caller.name, request_id=ctx.request_id)
     return Admitted(body, tools, caller, slot, outcome)
 
 

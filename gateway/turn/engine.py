@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import orjson
 import trio
 
-from ..backends import ChatBackend, NativeRequest
+from ..backends import BACKEND_WAIT, ChatBackend, NativeRequest, WaitClock
 from ..config import Settings
 from ..drain import Drain
 from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot, token_reservation
@@ -177,6 +177,31 @@ async def run_rounds(
     answered each round.
     """
     telemetry = telemetry or _NO_TELEMETRY
+    clock = WaitClock()  # what the backend calls and the tool calls keep the turn waiting
+    waiting = BACKEND_WAIT.set(clock)
+    try:
+        return await _run_rounds(
+            session, backend, emit, tools, call_timeout, concurrency, on_answer, telemetry, admit_round, outcome, clock
+        )
+    finally:
+        BACKEND_WAIT.reset(waiting)
+        if outcome is not None:
+            outcome.waited += clock.seconds
+
+
+async def _run_rounds(
+    session: Session,
+    backend: ChatBackend,
+    emit: Callable[[list[Any]], Awaitable[None]],
+    tools: RequestTools,
+    call_timeout: float,
+    concurrency: int,
+    on_answer: Callable[[GatewayError | None], None] | None,
+    telemetry: Telemetry,
+    admit_round: Callable[[dict[str, Any]], Awaitable[None]] | None,
+    outcome: TurnOutcome | None,
+    clock: WaitClock,
+) -> GatewayError | None:
     failure: GatewayError | None = None
     first = True
     while not session.done:
@@ -194,9 +219,15 @@ async def run_rounds(
             async def report(call: RoundCall, outcome: ToolOutcome) -> None:
                 await emit(session.tool_result(call, output=outcome.output, error=outcome.error))
 
-            await run_calls(
-                tools, session.calls, report, call_timeout=call_timeout, concurrency=concurrency, telemetry=telemetry
-            )
+            began = trio.current_time()
+            outside = BACKEND_WAIT.set(None)  # the calls are timed whole, whatever they wait on
+            try:
+                await run_calls(
+                    tools, session.calls, report, call_timeout=call_timeout, concurrency=concurrency, telemetry=telemetry
+                )
+            finally:
+                BACKEND_WAIT.reset(outside)
+                clock.seconds += trio.current_time() - began
             await emit(session.tools_done())
     return failure
 
@@ -284,6 +315,7 @@ async def prepare_turn(
     cached: tuple[str, Sequence[Any]] | None = None,
     request_id: str | None = None,
     admit: bool = True,
+    arrived: float | None = None,
 ) -> Turn:
     """Everything that can refuse the request, done before any byte is sent.
 
@@ -319,7 +351,7 @@ async def prepare_turn(
         lock, items = await resources.conversation_locks.acquire(conversation_id, caller.owner, response_id)
     try:
         return await _prepare(
-            resources, req, transport, caller, gateway_tools, cached, request_id, response_id, lock, items, admit
+            resources, req, transport, caller, gateway_tools, cached, request_id, response_id, lock, items, admit, arrived
         )
     except BaseException:
         if lock is not None:
@@ -340,6 +372,7 @@ async def _prepare(
     lock: conversation.ConversationLock | None,
     conversation_items: list[dict[str, Any]],
     admit: bool,
+    arrived: float | None,
 ) -> Turn:
     settings = resources.settings
     visible = OwnerView(resources.store, caller.owner)
@@ -382,7 +415,8 @@ async def _prepare(
         ),
     )
     model = str(plan.body["model"])
-    outcome = TurnOutcome(response_id, model, transport, trio.current_time(), key=caller.name, request_id=request_id)
+    started = arrived if arrived is not None else trio.current_time()  # (when the edge saw the request)
+    outcome = TurnOutcome(response_id, model, transport, started, key=caller.name, request_id=request_id)
     tokens, max_tokens = token_reservation(plan.body, caller.limits)
     if max_tokens is not None:
         plan.body["max_tokens"] = max_tokens  # what it reserved bounds what it may use

@@ -105,7 +105,8 @@ async def prepare_relay(
         relay_id = resources.ids("relay")
         model = relayed.model or ""
         relay.slot = await resources.limiter.admit_stream(caller, model, relay_id, tokens=tokens)
-        relay.outcome = TurnOutcome(relay_id, model, "relay", trio.current_time(), key=caller.name, request_id=ctx.request_id)
+        started = ctx.arrived if ctx.arrived is not None else trio.current_time()
+        relay.outcome = TurnOutcome(relay_id, model, "relay", started, key=caller.name, request_id=ctx.request_id)
         resources.telemetry.turn_started(relay.outcome)
     return relay
 

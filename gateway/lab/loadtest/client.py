@@ -63,14 +63,16 @@ class Target:
     host: str
     port: int
     request: bytes
+    stream: bool = True  # False: the answer is one JSON body
 
     @classmethod
     def of(cls, config: LoadConfig) -> Target:
         """The target of `config`. Raises `ValueError` for a URL the client cannot use."""
         endpoint = config.endpoint()
         body: dict[str, Any]
+        stream = config.stream
         if config.api == "responses":
-            body = {"model": config.model, "input": config.input, "stream": True}
+            body = {"model": config.model, "input": config.input, "stream": stream}
             if config.max_output_tokens is not None:
                 body["max_output_tokens"] = config.max_output_tokens
         elif config.api == "messages":
@@ -78,23 +80,24 @@ class Target:
             body = {
                 "model": config.model,
                 "max_tokens": DEFAULT_MAX_TOKENS if tokens is None else tokens,
-                "stream": True,
+                "stream": stream,
                 "messages": [{"role": "user", "content": config.input}],
             }
         else:
             body = {
                 "model": config.model,
                 "messages": [{"role": "user", "content": config.input}],
-                "stream": True,
-                "stream_options": {"include_usage": True},
+                "stream": stream,
             }
+            if stream:
+                body["stream_options"] = {"include_usage": True}
             if config.max_output_tokens is not None:
                 body["max_tokens"] = config.max_output_tokens
         payload = orjson.dumps(body)
         headers = {
             "host": ("Host", endpoint.authority),
             "user-agent": ("User-Agent", "gateway-loadtest"),
-            "accept": ("Accept", "text/event-stream"),
+            "accept": ("Accept", "text/event-stream" if stream else "application/json"),
             "content-type": ("Content-Type", "application/json"),
         }
         if config.api == "messages":
@@ -104,7 +107,7 @@ class Target:
         headers["content-length"] = ("Content-Length", str(len(payload)))
         lines = "".join(f"{name}: {value}\r\n" for name, value in headers.values())
         head = f"POST {endpoint.path} HTTP/1.1\r\n{lines}\r\n"
-        return cls(endpoint.host, endpoint.port, head.encode("latin-1") + payload)
+        return cls(endpoint.host, endpoint.port, head.encode("latin-1") + payload, stream)
 
 
 class _Connection:
@@ -149,6 +152,7 @@ class Client:
     def __init__(self, target: Target, api: ApiKind, counters: Counters) -> None:
         self._target = target
         self._dialect = DIALECTS[api]
+        self._dialect_name = api
         self._counters = counters
         self._conn: _Connection | None = None
         self._buf = b""  # bytes received past the previous response
@@ -219,8 +223,11 @@ class Client:
             keep_alive = False
             decoder = UntilCloseDecoder()
         ok_status = 200 <= status < 300
-        scanner = FrameScanner(self._dialect.classify, stamps.t_start) if ok_status else None
+        streamed = self._target.stream
+        scanner = FrameScanner(self._dialect.classify, stamps.t_start) if ok_status and streamed else None
+        answer = ok_status and not streamed  # a JSON answer: read whole, checked at its end
         error_body = bytearray()
+        json_body = bytearray()
         longest = 0.0
         last_byte = stamps.last_byte
         first_byte: float | None = None
@@ -243,6 +250,10 @@ class Client:
                                 first_byte = now
                             if scanner is not None:
                                 scanner.feed(body, now)
+                            elif answer:
+                                if len(json_body) + len(body) > _MAX_ANSWER:
+                                    raise ValueError(f"a JSON answer exceeded {_MAX_ANSWER} bytes")
+                                json_body += body
                             elif len(error_body) < MAX_ERROR_BODY:
                                 error_body += body[: MAX_ERROR_BODY - len(error_body)]
                     except ValueError as error:  # bad chunked framing, or an SSE frame without end
@@ -292,6 +303,9 @@ class Client:
         else:
             await self.aclose()
 
+        if answer:
+            _check_answer(result, self._dialect_name, bytes(json_body))
+            return
         if scanner is None:
             result.code, message = body_failure(bytes(error_body))
             raise _Failure("http_status", f"{status}: {message}")
@@ -361,6 +375,37 @@ class Client:
                 raise _Failure("read", "connection closed before the response head")
             received = True
             buf += data
+
+
+_MAX_ANSWER = 16 * 1024 * 1024
+
+
+def _check_answer(result: RequestResult, api: str, body: bytes) -> None:
+    """A JSON answer (`stream: false`): complete when it is the API's finished object. Its
+    arrival is its first (and only) event and its first text."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise _Failure("protocol", "the JSON answer is not valid JSON") from None
+    if not isinstance(answer, dict):
+        raise _Failure("protocol", "the JSON answer is not an object")
+    if api == "responses":
+        status = answer.get("status")
+        if status == "failed":
+            result.code = str((answer.get("error") or {}).get("code") or "") or None
+            raise _Failure("failed_event", "the response failed")
+        ended = status in ("completed", "incomplete")
+        result.terminal = f"response.{status}" if ended else None
+    elif api == "messages":
+        ended = answer.get("type") == "message" and answer.get("stop_reason") is not None
+        result.terminal = "message_stop" if ended else None
+    else:
+        ended = bool(answer.get("choices"))
+        result.saw_done = ended
+    if not ended:
+        raise _Failure("no_terminal", "the JSON answer is not a finished one")
+    result.events = 1
+    result.time_to_first_event = result.time_to_first_text = result.total
 
 
 class _Timestamps:

@@ -64,10 +64,17 @@ class LoadConfig:
     # Seconds over which the workers start, evenly spaced: thousands of real
     # clients do not all connect in the same millisecond.
     ramp_up: float = 0.0
+    # False: JSON answers (`"stream": false`) instead of event streams.
+    stream: bool = True
+    # True: the Responses API's WebSocket mode, one connection per worker running its turns in
+    # sequence (`response.create` frames); `api` must be "responses".
+    websocket: bool = False
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
             raise ValueError(f"api must be one of {', '.join(APIS)}, not {self.api!r}")
+        if self.websocket and (self.api != "responses" or not self.stream):
+            raise ValueError("websocket needs api 'responses' (and streams: every turn's events come as frames)")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if self.requests is not None and self.requests < 1:

@@ -19,6 +19,7 @@ from .config import LoadConfig
 from .progress import run_progress
 from .report import Counters, LoadReport, RequestResult, aggregate
 from .sampler import ProcessSampler
+from .wsclient import WebSocketClient
 
 __all__ = ["run_load"]
 
@@ -42,7 +43,7 @@ class _Plan:
 
 
 async def _run_phase(
-    clients: list[Client],
+    clients: list[Client | WebSocketClient],
     plan: _Plan,
     timeout: float | None,
     run_start: float,
@@ -50,7 +51,7 @@ async def _run_phase(
     counters: Counters | None,
     ramp_up: float = 0.0,
 ) -> None:
-    async def run_worker(client: Client, start_at: float) -> None:
+    async def run_worker(client: Client | WebSocketClient, start_at: float) -> None:
         if start_at > 0:
             await trio.sleep_until(trio.current_time() + start_at)
         while plan.take():
@@ -77,7 +78,10 @@ async def run_load(config: LoadConfig, *, server_pids: Sequence[int] = ()) -> Lo
     """
     target = Target.of(config)
     counters = Counters()
-    clients = [Client(target, config.api, counters) for _ in range(config.concurrency)]
+    clients: list[Client | WebSocketClient] = [
+        WebSocketClient(config, counters) if config.websocket else Client(target, config.api, counters)
+        for _ in range(config.concurrency)
+    ]
     results: list[RequestResult] = []
     sampler = ProcessSampler(server_pids) if server_pids else None
     try:
