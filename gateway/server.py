@@ -48,6 +48,7 @@ import functools
 import gc
 import logging
 import math
+import os
 import signal
 import socket
 import struct
@@ -89,6 +90,7 @@ _SEND_408_WITHIN = 1.0  # seconds; the 408 is a courtesy to a client that is alr
 # answered 503 rather than met by a closed connection.
 _LINGER = 5.0
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset and frees the buffers
+_DIRECT_WRITES = sys.platform != "win32"  # os.write() on a socket is a POSIX thing
 
 
 class StartupError(Exception):
@@ -469,17 +471,37 @@ class _GatewayTCPServer(TCPServer):
         if not (isinstance(event, RawData) and isinstance(self.stream, trio.SocketStream)):
             await super().protocol_send(event)
             return
-        # hypercorn's write, shielded as there (half a write would corrupt the
-        # response), but bounded by progress: each partial send restarts the
-        # clock, so a large write to a slow reader goes on while it moves.
-        async with self.send_lock:
+        # hypercorn's write, made cheap when the kernel takes it whole (almost every write of a
+        # stream): the send lock taken without a trip through the scheduler when it is free, and
+        # one write(2) straight to the socket, with no cancel scope, deadline or trio socket call
+        # (each a scheduler pass and timer-heap work, per event sent).  What the kernel does not
+        # take goes out as hypercorn's write did: shielded (half a write would corrupt the
+        # response), but bounded by progress, so a slow reader is cut only when it stops.
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled sender writes nothing (no yield otherwise)
+        lock = self.send_lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             socket_ = self.stream.socket
-            try:
-                with trio.CancelScope(shield=True) as write, memoryview(event.data) as data:
+            data = event.data
+            sent = 0
+            if _DIRECT_WRITES:
+                try:
+                    sent = os.write(socket_.fileno(), data)
+                except BlockingIOError:
                     sent = 0
-                    while sent < len(data):
+                except OSError:
+                    await self.protocol.handle(Closed())  # the client is gone (reset, or closed by us)
+                    return
+                if sent == len(data):
+                    return
+            try:
+                with trio.CancelScope(shield=True) as write, memoryview(data) as view:
+                    while sent < len(view):
                         write.deadline = trio.current_time() + self._stall_timeout
-                        with data[sent:] as rest:
+                        with view[sent:] as rest:
                             sent += await socket_.send(rest)
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                 await self.protocol.handle(Closed())  # the client is gone (reset, or closed by us)
@@ -488,6 +510,8 @@ class _GatewayTCPServer(TCPServer):
                 log.info("reset a connection whose client stopped reading (no progress for %g s)", self._stall_timeout)
                 _reset(socket_)
                 await self.protocol.handle(Closed())
+        finally:
+            lock.release()
 
     async def _read_data(self) -> None:
         # hypercorn's loop, plus the one call that starts the header clock,

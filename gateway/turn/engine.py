@@ -251,12 +251,20 @@ async def _run_round(
                 on_answer(None)
             eager_until = trio.current_time() + _EAGER_TIME
             window_end = trio.current_time() + _BATCH_WINDOW
+            clock = BACKEND_WAIT.get()
+            waited = clock.seconds if clock is not None else 0.0
             async for batch in stream:
                 # At a stream's start, a read that brought many chunks is worked
                 # through in growing slices, so that its first ones leave before
                 # the rest is done; later reads go whole (fewer, larger writes).
                 now = trio.current_time()
                 eager = now < eager_until
+                if clock is not None and clock.seconds != waited:
+                    # The read waited for the backend: the writer has had its turn
+                    # meanwhile, so the window starts again (a model's paced tokens
+                    # cost no extra trip through the scheduler each).
+                    waited = clock.seconds
+                    window_end = now + _BATCH_WINDOW
                 sliced = eager and len(batch) > _FIRST_SLICE
                 for part in _slices(batch) if sliced else (batch,):
                     await emit(session.feed_batch(part))
