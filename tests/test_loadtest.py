@@ -7,6 +7,7 @@ import functools
 import html
 import itertools
 import os
+import json
 import pathlib
 import platform
 import re
@@ -1250,3 +1251,16 @@ def test_websocket_mode_is_for_the_responses_api_streamed() -> None:
         LoadConfig(url="http://127.0.0.1:1", api="chat", websocket=True)
     with pytest.raises(ValueError, match="websocket"):
         LoadConfig(url="http://127.0.0.1:1", websocket=True, stream=False)
+
+
+async def test_the_command_runs_json_answers_and_websocket_turns(nursery: trio.Nursery, tmp_path: pathlib.Path) -> None:
+    simulator = Simulator(SimConfig(tokens=SIM_TOKENS))
+    sim_url = await nursery.start(simulator.serve)
+    url = await nursery.start(functools.partial(gateway.serve, make_settings(sim_url)))
+    for flag, events in (("--no-stream", 1), ("--websocket", GATEWAY_RESPONSES_EVENTS)):
+        report = tmp_path / f"{flag}.json"
+        with trio.fail_after(30):
+            assert await run_main("--url", url, "-n", "3", flag, "--json", str(report)) == 0
+        saved = json.loads(report.read_text())
+        assert (saved["requests_completed"], saved["events_per_response"]) == (3, events)
+        assert saved["config"]["stream"] is (flag != "--no-stream") and saved["config"]["websocket"] is (flag == "--websocket")

@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api", choices=APIS, default="responses",
                         help="POST /v1/responses, /v1/chat/completions (a backend directly, for a baseline), "
                         "or Anthropic's /v1/messages")
+    parser.add_argument("--no-stream", dest="stream", action="store_false",
+                        help="ask for JSON answers (\"stream\": false) instead of event streams")
+    parser.add_argument("--websocket", action="store_true",
+                        help="the Responses API's WebSocket mode: a connection per worker, its turns in sequence")
     parser.add_argument("--model", default="sim", help="model name (default: %(default)s)")
     parser.add_argument("--input", default=DEFAULT_INPUT, help="the user message")
     parser.add_argument("--max-output-tokens", type=int,
@@ -78,6 +82,8 @@ def _config_from(args: argparse.Namespace) -> LoadConfig:
         headers=tuple(headers),
         progress=progress,
         ramp_up=args.ramp_up,
+        stream=args.stream,
+        websocket=args.websocket,
     )
 
 
