@@ -14,6 +14,7 @@ into one line and exit 2.
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import logging
 from collections.abc import Callable
@@ -124,6 +125,10 @@ class Lifespan:
             ConfigError: a resource cannot be opened (the message names the setting).
         """
         settings, clock = self.settings, self.clock
+        # The MCP side (the mcp SDK builds hundreds of pydantic models as it loads: ~1 s) is
+        # loaded now, in a worker thread: loaded by the first request that names a hosted server,
+        # it held the event loop, and every stream with it, for that long.
+        await trio.to_thread.run_sync(importlib.import_module, "gateway.mcp")
         redactor = Redactor.from_settings(settings)
         servers = None
         if self.mcp is None and settings.mcp_servers_config_path:

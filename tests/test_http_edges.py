@@ -379,3 +379,32 @@ async def test_a_store_that_cannot_open_stops_start_up_with_one_clear_line(tmp_p
     assert done.returncode == 2
     assert "gateway: cannot start: SQLITE_PATH: cannot open the SQLite store" in err
     assert "Traceback" not in err and "serving the Responses gateway" not in err
+
+
+SERVE_THEN_COUNT = """
+import functools, sys
+import trio
+import gateway
+from gateway.config import Settings
+
+async def main():
+    settings = Settings(_env_file=None, openai_base_url_internal="http://127.0.0.1:9", api_adapter_port=0,
+                        log_file_path="", store_backend="memory")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(gateway.serve, settings))
+        print("mcp" in sys.modules, "gateway.mcp" in sys.modules)
+        nursery.cancel_scope.cancel()
+
+trio.run(main)
+"""
+
+
+async def test_the_mcp_side_is_loaded_before_serving_so_no_request_holds_the_event_loop_loading_it():
+    # Loading the mcp SDK takes about a second of pydantic model building. The first request that
+    # named a hosted MCP server (or went through the hosted-tool check) once paid it on the event
+    # loop, stalling every other stream of the process for that long.
+    done = await trio.run_process(
+        [sys.executable, "-c", SERVE_THEN_COUNT], capture_stdout=True, capture_stderr=True, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().split() == ["True", "True"]

@@ -248,7 +248,9 @@ async def check_hosted(
             `server_label` without `server_url` that names no configured server.
         PermissionDenied: the key may not use that server (`mcp_server_not_allowed`).
     """
-    from ..mcp import check_url_allowed_async
+    if not specs:
+        return
+    from ..mcp import check_url_allowed_async  # (loaded at start-up: see lifespan)
 
     for spec in specs:
         where = f"tools[{spec.index}]"
