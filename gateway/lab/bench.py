@@ -6,9 +6,12 @@ the load generator in this process, and prints one table whose ratios were
 all measured in the same run.  Results also go to `bench-results/` as JSON
 and a self-contained HTML page per scenario.
 
-The throughput part measures Anthropic's Messages front end (`/v1/messages`)
-beside the Responses route, on the same gateway and backend, right after it:
-the CPU per streamed event of the two is compared in one run.
+Every comparison runs in interleaved rounds (the simulator direct, then the
+gateway, round after round) and reports the median with the range: every path
+a client uses (streamed, JSON and WebSocket Responses, chat completions relayed
+and with the session, Messages) at c=1 and c=50, a paced load like a batched
+model server's, and the floor (`floor.py`, a bare trio relay) on that load.
+The table's heading says how busy the machine was.
 
 This module only orchestrates: the simulator (`simulator.py`) and the load
 generator (`loadtest/`) do the work.

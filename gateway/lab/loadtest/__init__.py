@@ -4,8 +4,9 @@ The load generator measures each stream precisely (time to first byte, event and
 gap between events; the longest silence; the terminal event) and the server's CPU time and RSS,
 at a cost per stream small enough to share a machine with the server under test. It speaks to
 any server over the wire, the gateway (`--api responses`, or `--api messages` for Anthropic's
-Messages API) or a backend directly (`--api chat`, for a baseline), and knows nothing of the
-gateway's internals.
+Messages API) or a backend directly (`--api chat`, for a baseline), as streams or JSON answers
+(`--no-stream`), or as the Responses API's WebSocket mode (`--websocket`), and knows nothing of
+the gateway's internals.
 
 One idea per module, from the wire up:
 
@@ -15,6 +16,7 @@ One idea per module, from the wire up:
 - `failures`: a failed request's error code and printable message.
 - `config`: what a run does (`LoadConfig`) and where its requests go.
 - `client`: one worker's kept-alive connection and the timing of each request.
+- `wsclient`: one worker's WebSocket and the timing of each turn on it.
 - `sampler`: the server's CPU time and RSS, through psutil (`ProcessSampler`).
 - `report`: the measurements, their aggregate (`LoadReport`) and its JSON.
 - `progress`: the live progress line on stderr.
