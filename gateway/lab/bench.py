@@ -286,10 +286,6 @@ def _load_average() -> tuple[float, float, float] | None:
         return None
 
 
-def _fmt_ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.2f} ms"
-
-
 def _met(ok: bool) -> str:
     return "yes" if ok else "NO"
 

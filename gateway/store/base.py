@@ -106,14 +106,19 @@ def _zstd() -> Any:
     return compressor
 
 
+def _decompressed(data: bytes) -> bytes:
+    """What `_zstd` compressed, or `data` itself when it is plain JSON (what earlier versions stored)."""
+    if data[:4] != _ZSTD_MAGIC:
+        return data
+    decompressor = getattr(_codecs, "decompressor", None)
+    if decompressor is None:
+        decompressor = _codecs.decompressor = zstandard.ZstdDecompressor()
+    return bytes(decompressor.decompress(data))
+
+
 def decode_record(data: bytes) -> StoredResponse:
     """A record `encode_record` made; plain JSON (what earlier versions stored) is read too."""
-    if data[:4] == _ZSTD_MAGIC:
-        decompressor = getattr(_codecs, "decompressor", None)
-        if decompressor is None:
-            decompressor = _codecs.decompressor = zstandard.ZstdDecompressor()
-        data = decompressor.decompress(data)
-    raw = orjson.loads(data)
+    raw = orjson.loads(_decompressed(data))
     return StoredResponse(
         id=raw["id"],
         response=raw["response"],
@@ -151,12 +156,7 @@ def encode_conversation(conversation: StoredConversation) -> bytes:
 
 
 def decode_conversation(data: bytes) -> StoredConversation:
-    if data[:4] == _ZSTD_MAGIC:
-        decompressor = getattr(_codecs, "decompressor", None)
-        if decompressor is None:
-            decompressor = _codecs.decompressor = zstandard.ZstdDecompressor()
-        data = decompressor.decompress(data)
-    raw = orjson.loads(data)
+    raw = orjson.loads(_decompressed(data))
     return StoredConversation(
         id=raw["id"],
         created_at=raw["created_at"],

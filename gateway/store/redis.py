@@ -22,7 +22,7 @@ is off.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -39,6 +39,8 @@ from .base import (
 )
 
 __all__ = ["RedisStore"]
+
+T = TypeVar("T")
 
 class RedisStore:
     def __init__(self, url: str, *, ttl: float | None = None, prefix: str = "gateway", threads: int = 16) -> None:
@@ -97,7 +99,14 @@ class RedisStore:
         return await self._run(self._update, response_id, change)
 
     def _update(self, response_id: str, change: Change) -> StoredResponse | None:
-        key = self._key("response", response_id)
+        return self._compare_and_set(self._key("response", response_id), decode_record, change, self._queue_write)
+
+    def _compare_and_set(
+        self, key: str, decode: Callable[[bytes], T], change: Callable[[T], T | None], write: Callable[[Any, T], None]
+    ) -> T | None:
+        """`change` applied to what `key` holds, written back (queued by `write` on the pipeline)
+        unless someone wrote it since it was read: then it is read and changed again. None when
+        there is nothing; what it holds when `change` leaves it."""
         with self._redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -105,12 +114,12 @@ class RedisStore:
                     data = pipe.get(key)
                     if data is None:
                         return None
-                    current = decode_record(data if isinstance(data, bytes) else data.encode())
+                    current = decode(data if isinstance(data, bytes) else data.encode())
                     new = change(current)
                     if new is None:
                         return current
                     pipe.multi()
-                    self._queue_write(pipe, new)
+                    write(pipe, new)
                     pipe.execute()
                     return new
                 except self._conflict:
@@ -159,23 +168,11 @@ class RedisStore:
 
     def _update_conversation(self, conversation_id: str, change: ConversationChange) -> StoredConversation | None:
         key = self._key("conversation", conversation_id)
-        with self._redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(key)
-                    data = pipe.get(key)
-                    if data is None:
-                        return None
-                    current = decode_conversation(data if isinstance(data, bytes) else data.encode())
-                    new = change(current)
-                    if new is None:
-                        return current
-                    pipe.multi()
-                    pipe.set(key, encode_conversation(new), px=self._ttl_ms)
-                    pipe.execute()
-                    return new
-                except self._conflict:
-                    continue  # written by someone else since WATCH: read again
+
+        def write(pipe: Any, new: StoredConversation) -> None:
+            pipe.set(key, encode_conversation(new), px=self._ttl_ms)
+
+        return self._compare_and_set(key, decode_conversation, change, write)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         return bool(await self._run(self._redis.delete, self._key("conversation", conversation_id)))
