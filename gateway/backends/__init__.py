@@ -21,7 +21,7 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from .http1 import BACKEND_WAIT, WaitClock
+from .http1 import BACKEND_WAIT, WaitClock, WaitCounter, counting_waits
 from .native import NativeRequest
 from .openai import OpenAICompatibleBackend
 
@@ -35,6 +35,8 @@ __all__ = [
     "Passthrough",
     "PassthroughBackend",
     "WaitClock",
+    "WaitCounter",
+    "counting_waits",
 ]
 
 

@@ -21,21 +21,23 @@ What it does, as the adapters need it:
   early (the client left) closes the connection at once, which is what
   tells the backend to stop generating;
 - the time a task spends waiting on a backend (connecting, for room to send,
-  for bytes to read) is added to the `WaitClock` in `BACKEND_WAIT`, when the
-  task set one: what the gateway adds to a response is its duration less that.
+  for bytes to read) is added to the `WaitCounter` in `BACKEND_WAIT`, when the
+  task set one (`counting_waits`): what the gateway adds to a response is its
+  duration less that.
 
 Request bodies must be bytes (`content=`), which is what the chat path sends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
 import ssl
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import httptools
 import httpx2
@@ -43,39 +45,55 @@ import trio
 
 from ..loops import HOP_HEADER, outgoing_hops
 
-__all__ = ["BACKEND_WAIT", "Http1Transport", "WaitClock"]
+__all__ = ["BACKEND_WAIT", "Http1Transport", "WaitClock", "WaitCounter", "counting_waits"]
 
 _READ_SIZE = 64 * 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 Origin = tuple[str, str, int]
+T = TypeVar("T")
+
+
+class WaitCounter(Protocol):
+    """Where a task's waits on backends are added up (a turn's outcome, or a `WaitClock`)."""
+
+    waited: float  # seconds
 
 
 class WaitClock:
-    """Seconds spent waiting on backends, by the tasks that carry it in `BACKEND_WAIT`."""
+    """A `WaitCounter` of its own."""
 
-    __slots__ = ("seconds",)
+    __slots__ = ("waited",)
 
     def __init__(self) -> None:
-        self.seconds = 0.0
+        self.waited = 0.0
 
 
 # Set by whoever wants to know how long its backend calls kept it waiting (a turn's rounds);
 # tasks started while it is set carry it too.
-BACKEND_WAIT: ContextVar[WaitClock | None] = ContextVar("BACKEND_WAIT", default=None)
+BACKEND_WAIT: ContextVar[WaitCounter | None] = ContextVar("BACKEND_WAIT", default=None)
 
 
-async def _waiting(wait: Any, *args: Any) -> None:
-    """`await wait(*args)`, its time added to the task's `WaitClock` (if it has one)."""
-    clock = BACKEND_WAIT.get()
-    if clock is None:
-        await wait(*args)
-        return
+@contextlib.contextmanager
+def counting_waits(counter: WaitCounter | None) -> Iterator[None]:
+    """Within, the task's waits on backends are added to `counter` (None: to nothing)."""
+    token = BACKEND_WAIT.set(counter)
+    try:
+        yield
+    finally:
+        BACKEND_WAIT.reset(token)
+
+
+async def _waiting(wait: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """`await wait(*args)`, its time added to the task's `WaitCounter` (if it has one)."""
+    counter = BACKEND_WAIT.get()
+    if counter is None:
+        return await wait(*args)
     began = trio.current_time()
     try:
-        await wait(*args)
+        return await wait(*args)
     finally:
-        clock.seconds += trio.current_time() - began
+        counter.waited += trio.current_time() - began
 
 
 class _Connection:
@@ -176,12 +194,7 @@ class _Connection:
         if self.tls is not None:
             with trio.move_on_after(timeout) as scope:
                 try:
-                    clock = BACKEND_WAIT.get()
-                    began = trio.current_time()
-                    data = bytes(await self.tls.receive_some(_READ_SIZE))
-                    if clock is not None:
-                        clock.seconds += trio.current_time() - began
-                    return data
+                    return bytes(await _waiting(self.tls.receive_some, _READ_SIZE))
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     raise httpx2.ReadError("the connection was lost") from exc
             raise httpx2.ReadTimeout("timed out reading from the backend")
@@ -195,12 +208,12 @@ class _Connection:
             else:
                 await trio.lowlevel.checkpoint_if_cancelled()
                 return data
-            clock = BACKEND_WAIT.get()  # (inlined: this wait is the hot path's)
-            began = trio.current_time() if clock is not None else 0.0
+            counter = BACKEND_WAIT.get()  # (`_waiting` inlined: this wait is the hot path's)
+            began = trio.current_time() if counter is not None else 0.0
             with trio.move_on_after(timeout) as scope:
                 await trio.lowlevel.wait_readable(self.sock)
-            if clock is not None:
-                clock.seconds += trio.current_time() - began
+            if counter is not None:
+                counter.waited += trio.current_time() - began
             if scope.cancelled_caught:
                 raise httpx2.ReadTimeout("timed out reading from the backend")
 
@@ -359,13 +372,7 @@ class Http1Transport(httpx2.AsyncBaseTransport):
         if self.connections > self._max:  # (this request's slot counts already) drop an idle one to another origin
             self._drop_one_idle()
         with trio.move_on_after(timeout) as scope:
-            clock = BACKEND_WAIT.get()
-            began = trio.current_time()
-            try:
-                return await self._open(origin)
-            finally:
-                if clock is not None:
-                    clock.seconds += trio.current_time() - began
+            return await _waiting(self._open, origin)
         raise httpx2.ConnectTimeout("timed out connecting to the backend")
 
     async def _open(self, origin: Origin) -> _Connection:

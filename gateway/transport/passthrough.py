@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 
 import trio
 
-from ..backends import BACKEND_WAIT, PassthroughBackend, WaitClock
+from ..backends import PassthroughBackend, counting_waits
 from ..drain import Drain
 from ..errors import BackendTimeout, GatewayError, ShuttingDown, error_json
 from ..render import answer
@@ -154,14 +154,8 @@ class PassthroughBody(DeferredHeadBody):
 
     async def _waited(self, step: Awaitable[T]) -> T:
         """`await step`, the time it waits on the backend counted in the relay's outcome."""
-        clock = WaitClock()
-        waiting = BACKEND_WAIT.set(clock)
-        try:
+        with counting_waits(self._relay.outcome):
             return await step
-        finally:
-            BACKEND_WAIT.reset(waiting)
-            if self._relay.outcome is not None:
-                self._relay.outcome.waited += clock.seconds
 
     async def _next_chunk(self) -> bytes:
         try:

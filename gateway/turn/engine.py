@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import orjson
 import trio
 
-from ..backends import BACKEND_WAIT, ChatBackend, NativeRequest, WaitClock
+from ..backends import BACKEND_WAIT, ChatBackend, NativeRequest, WaitClock, WaitCounter, counting_waits
 from ..config import Settings
 from ..drain import Drain
 from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot, token_reservation
@@ -177,59 +177,36 @@ async def run_rounds(
     answered each round.
     """
     telemetry = telemetry or _NO_TELEMETRY
-    clock = WaitClock()  # what the backend calls and the tool calls keep the turn waiting
-    waiting = BACKEND_WAIT.set(clock)
-    try:
-        return await _run_rounds(
-            session, backend, emit, tools, call_timeout, concurrency, on_answer, telemetry, admit_round, outcome, clock
-        )
-    finally:
-        BACKEND_WAIT.reset(waiting)
-        if outcome is not None:
-            outcome.waited += clock.seconds
+    # What the backend calls and the tool calls keep the turn waiting goes to its outcome.
+    counter: WaitCounter = outcome if outcome is not None else WaitClock()
+    with counting_waits(counter):
+        failure: GatewayError | None = None
+        first = True
+        while not session.done:
+            if admit_round is not None and not first:
+                try:
+                    await admit_round(session.request)
+                except GatewayError as error:
+                    await emit(failed_with(session, error))
+                    return error
+            first = False
+            with telemetry.span("backend round", round=getattr(session, "rounds", 0)):
+                failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome) or failure
+            if session.calls:
 
+                async def report(call: RoundCall, outcome: ToolOutcome) -> None:
+                    await emit(session.tool_result(call, output=outcome.output, error=outcome.error))
 
-async def _run_rounds(
-    session: Session,
-    backend: ChatBackend,
-    emit: Callable[[list[Any]], Awaitable[None]],
-    tools: RequestTools,
-    call_timeout: float,
-    concurrency: int,
-    on_answer: Callable[[GatewayError | None], None] | None,
-    telemetry: Telemetry,
-    admit_round: Callable[[dict[str, Any]], Awaitable[None]] | None,
-    outcome: TurnOutcome | None,
-    clock: WaitClock,
-) -> GatewayError | None:
-    failure: GatewayError | None = None
-    first = True
-    while not session.done:
-        if admit_round is not None and not first:
-            try:
-                await admit_round(session.request)
-            except GatewayError as error:
-                await emit(failed_with(session, error))
-                return error
-        first = False
-        with telemetry.span("backend round", round=getattr(session, "rounds", 0)):
-            failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome) or failure
-        if session.calls:
-
-            async def report(call: RoundCall, outcome: ToolOutcome) -> None:
-                await emit(session.tool_result(call, output=outcome.output, error=outcome.error))
-
-            began = trio.current_time()
-            outside = BACKEND_WAIT.set(None)  # the calls are timed whole, whatever they wait on
-            try:
-                await run_calls(
-                    tools, session.calls, report, call_timeout=call_timeout, concurrency=concurrency, telemetry=telemetry
-                )
-            finally:
-                BACKEND_WAIT.reset(outside)
-                clock.seconds += trio.current_time() - began
-            await emit(session.tools_done())
-    return failure
+                began = trio.current_time()
+                try:
+                    with counting_waits(None):  # the calls are timed whole, whatever they wait on
+                        await run_calls(
+                            tools, session.calls, report, call_timeout=call_timeout, concurrency=concurrency, telemetry=telemetry
+                        )
+                finally:
+                    counter.waited += trio.current_time() - began
+                await emit(session.tools_done())
+        return failure
 
 
 _NO_TELEMETRY = Telemetry()
@@ -251,19 +228,19 @@ async def _run_round(
                 on_answer(None)
             eager_until = trio.current_time() + _EAGER_TIME
             window_end = trio.current_time() + _BATCH_WINDOW
-            clock = BACKEND_WAIT.get()
-            waited = clock.seconds if clock is not None else 0.0
+            counter = BACKEND_WAIT.get()
+            waited = counter.waited if counter is not None else 0.0
             async for batch in stream:
                 # At a stream's start, a read that brought many chunks is worked
                 # through in growing slices, so that its first ones leave before
                 # the rest is done; later reads go whole (fewer, larger writes).
                 now = trio.current_time()
                 eager = now < eager_until
-                if clock is not None and clock.seconds != waited:
+                if counter is not None and counter.waited != waited:
                     # The read waited for the backend: the writer has had its turn
                     # meanwhile, so the window starts again (a model's paced tokens
                     # cost no extra trip through the scheduler each).
-                    waited = clock.seconds
+                    waited = counter.waited
                     window_end = now + _BATCH_WINDOW
                 sliced = eager and len(batch) > _FIRST_SLICE
                 for part in _slices(batch) if sliced else (batch,):
