@@ -17,7 +17,7 @@ import trio
 
 from gateway.lab import loadtest
 from gateway.lab import floor
-from gateway.lab.bench import PATHS, Bench, Placement, Row, Spread, _path_rows, profile_layers, render
+from gateway.lab.bench import PATHS, Bench, Placement, Row, Spread, _path_rows, profile_layers, render, render_reproduction, reproduced
 from gateway.lab.simulator import SimConfig, Simulator
 from gateway.lab.loadtest import ApiKind, LoadConfig, LoadReport, RequestResult, ServerUsage
 
@@ -192,3 +192,38 @@ async def test_the_floor_relays_a_paced_stream_one_frame_per_chunk(nursery: trio
     assert (report.requests_completed, report.requests_failed) == (4, 0), report.failure_examples
     assert report.terminals == {"response.completed": 4}
     assert report.events_per_response == 6  # a delta per token, and the terminal event
+
+
+async def test_the_floor_on_hypercorn_relays_sse_and_a_websocket_message_per_event(nursery: trio.Nursery):
+    simulator = Simulator(SimConfig(tokens=5))
+    sim_url = await nursery.start(simulator.serve)
+    url = await nursery.start(floor.serve_hypercorn, 0, sim_url)
+    model = "sim:delay=0.01,step=0.01,tokens=5"
+    with trio.fail_after(30):
+        streamed = await loadtest.run_load(LoadConfig(url=url, model=model, requests=4, concurrency=2))
+        turns = await loadtest.run_load(LoadConfig(url=url, model=model, websocket=True, requests=4, concurrency=2))
+    for report in (streamed, turns):
+        assert (report.requests_completed, report.requests_failed) == (4, 0), report.failure_examples
+        assert report.terminals == {"response.completed": 4}
+        assert report.events_per_response == 6  # a delta per token, and the terminal event, a message each
+
+
+def test_a_later_run_reproduces_a_row_when_its_median_lies_within_the_earlier_range(tmp_path: pathlib.Path):
+    earlier = Bench(tmp_path, 1.0, quick=True)
+    earlier.row("share, c=50", "share", "", "", "", "", "", figure=Spread([0.40, 0.43, 0.41]))
+    earlier.row("ratio, c=1", "ratio", "", "", "", "", "", figure=Spread([1.50, 1.60, 1.55]))
+    earlier.row("a note", "", "", "", "", "", "")  # no figure: not compared
+    later = Bench(tmp_path, 1.0, quick=True)
+    later.row("share, c=50", "share", "", "", "", "", "", figure=Spread([0.39, 0.42, 0.45]))  # median 0.42: inside
+    later.row("ratio, c=1", "ratio", "", "", "", "", "", figure=Spread([1.70, 1.65, 1.75]))  # median 1.70: outside
+    later.row("a note", "", "", "", "", "", "")
+    later.row("new row", "", "", "", "", "", "", figure=Spread([1.0]))  # not in the earlier run
+    as_saved = [dataclasses.asdict(r) for r in earlier.rows]  # bench.json's rows
+    found = reproduced(as_saved, later.rows)
+    assert [(r.scenario, r.inside) for r in found] == [("share, c=50", True), ("ratio, c=1", False)]
+    text = render_reproduction(found, "run1/bench.json")
+    assert text.splitlines() == [
+        "Against run1/bench.json: 1 of 2 medians inside the earlier run's ranges.",
+        "- outside: ratio, c=1: 1.7 against [1.5 to 1.6]",
+    ]
+    assert "figure" not in render(later).splitlines()[0]  # the table keeps its seven columns

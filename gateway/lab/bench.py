@@ -203,6 +203,12 @@ class Row:
     ratio: str
     target: str
     met: str
+    # The row's figure, round by round: its ratio to the simulator (or to the hot route) where
+    # it has one, which the machine's drift between runs cancels out of, else its own figure.
+    # A later run reproduces this row when its median lies within this range (`reproduced`).
+    figure: list[float] = dataclasses.field(default_factory=list)
+
+    CELLS = 7
 
 
 class Bench:
@@ -229,8 +235,9 @@ class Bench:
         (self.out / f"{name}.json").write_text(report.to_json())
         return report
 
-    def row(self, *cells: str) -> None:
-        self.rows.append(Row(*cells))
+    def row(self, *cells: str, figure: Spread | None = None) -> None:
+        scenario, measured, gateway, direct, ratio, target, met = cells
+        self.rows.append(Row(scenario, measured, gateway, direct, ratio, target, met, list(figure.values) if figure else []))
 
     def finish(self) -> None:
         """Note how busy the machine was: the load average now, and the CPU that processes other
@@ -341,7 +348,7 @@ async def run_bench(
     if only in ("all", "throughput", "paced"):
         await _paced_scenario(bench)
     if only in ("all", "throughput", "floor"):
-        await _floor_scenario(bench)
+        await _floor_scenario(bench, pin)
     if only == "all":
         await _workers_scenario(bench)
     if only in ("all", "shared"):
@@ -452,6 +459,7 @@ def _path_rows(bench: Bench, runs: dict[tuple[str, int], list[LoadReport]], conc
             share.plain(2),
             target,
             "NO" if failed and target else met,
+            figure=share,
         )
         if path is HOT:
             continue
@@ -470,6 +478,7 @@ def _path_rows(bench: Bench, runs: dict[tuple[str, int], list[LoadReport]], conc
             f"{ratio.plain(2)}×",
             f"≤ {limit:g}×",
             _met(ratio.median <= limit and not failed),
+            figure=ratio,
         )
 
 
@@ -548,6 +557,7 @@ async def _paced_scenario(bench: Bench) -> None:
                 direct_runs.append(await bench.load(f"paced-direct-r{round_}", direct, [sim_proc.pid]))
                 via_runs.append(await bench.load(f"paced-gateway-r{round_}", gateway, [gw_proc.pid]))
             per_event = Spread([_event_us(r) for r in via_runs])
+            to_simulator = Spread([_event_us(v) / (_event_us(d) or 1.0) for v, d in zip(via_runs, direct_runs)])
             failed = sum(r.requests_failed for r in via_runs)
             bench.row(
                 f"CPU per relayed event, paced: {PACED_STREAMS} streams, a chunk per write {PACED_STEP * 1000:.0f} ms apart"
@@ -555,9 +565,10 @@ async def _paced_scenario(bench: Bench) -> None:
                 "CPU µs per event",
                 per_event.plain(1, "µs"),
                 f"{_per_event(direct_runs)} (simulator)",
-                f"{Spread([_event_us(v) / (_event_us(d) or 1.0) for v, d in zip(via_runs, direct_runs)]).plain(2)}×",
+                f"{to_simulator.plain(2)}×",
                 f"≤ {PACED_EVENT_CPU_TARGET_US:g} µs",
                 _met(per_event.median <= PACED_EVENT_CPU_TARGET_US and not failed),
+                figure=to_simulator,
             )
             for what, measure in (("first text delta", "time_to_first_text_ms"), ("last event", "total_latency_ms")):
                 for q in ("p50", "p99"):
@@ -570,6 +581,7 @@ async def _paced_scenario(bench: Bench) -> None:
                         "",
                         "",
                         "",
+                        figure=added,
                     )
             await _profile_scenario(bench, gateway, gw_proc.pid, per_event.median, "paced")
 
@@ -611,6 +623,7 @@ async def _paced_latency_scenario(bench: Bench, pin: bool) -> None:
             "",
             f"≤ {target:g} ms",
             _met(added.median <= target),
+            figure=added,
         )
 
 
@@ -618,30 +631,116 @@ _PACED_TOKENS = 10
 _PACED_DELAY = 0.005
 
 
-async def _floor_scenario(bench: Bench) -> None:
-    """The floor: what a bare trio relay (`gateway.lab.floor`: raw sockets, one SSE frame out
-    per chunk in, no parsing, translation, store, keys or framework) costs per event on the
-    paced load, measured the same way as the gateway.  No Python gateway on trio relays an
-    event for less; the gap between the two is what the gateway's layers cost."""
+# The two floors: the bare relay on raw trio sockets, and the same relay as an ASGI app under
+# hypercorn's trio worker, the server the gateway runs on (`gateway.lab.floor`).
+FLOORS = (("trio", "a bare trio relay"), ("hypercorn", "the same relay on hypercorn (ASGI)"))
+
+
+@contextlib.asynccontextmanager
+async def _floor(server: str, sim_url: str, cores: set[int] | None) -> AsyncIterator[tuple[str, trio.Process]]:
+    port = _free_port()
+    args = [sys.executable, "-m", "gateway.lab.floor", "--port", str(port), "--backend", sim_url, "--server", server]
+    url = f"http://127.0.0.1:{port}"
+    async with _process(args, url, cores=cores) as process:
+        yield url, process
+
+
+async def _floor_scenario(bench: Bench, pin: bool = True) -> None:
+    """The floors: what a relay costs that does none of the gateway's work (`gateway.lab.floor`:
+    one SSE frame out per chunk in, no parsing, translation, store, keys or framework), on raw
+    trio sockets and as a bare ASGI app under hypercorn, measured the same way as the gateway
+    on each load a target applies to: CPU per event on the paced load, the time added to the
+    first text delta at c=1, the share of the simulator's throughput on the burst at c=50, and
+    WebSocket messages against SSE on hypercorn.  No Python relay on this stack does better;
+    the gap between a floor and the gateway is what the gateway's layers cost."""
     seconds = max(bench.duration, 3 * PACED_STEP * PACED_TOKENS)
-    runs: list[LoadReport] = []
-    async with _simulator(tokens=200) as (sim_url, _sim_proc):
-        port = _free_port()
-        args = [sys.executable, "-m", "gateway.lab.floor", "--port", str(port), "--backend", sim_url]
-        async with _process(args, f"http://127.0.0.1:{port}", cores=PLACEMENT.gateway) as floor_proc:
-            config = LoadConfig(url=f"http://127.0.0.1:{port}", model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds)
-            await _checked("floor", run_load(dataclasses.replace(config, duration=None, requests=PACED_STREAMS)))
+    async with _simulator(tokens=200) as (sim_url, sim_proc):
+        for server, what in FLOORS:
+            async with _floor(server, sim_url, PLACEMENT.gateway) as (url, proc):
+                config = LoadConfig(url=url, model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds)
+                await _checked("floor", run_load(dataclasses.replace(config, duration=None, requests=PACED_STREAMS)))
+                paced = [await bench.load(f"floor-{server}-paced-r{round_}", config, [proc.pid]) for round_ in range(bench.rounds)]
+            bench.row(
+                f"floor: {what}, paced, c={PACED_STREAMS} (no parsing, translation, store or keys)",
+                "CPU µs per event",
+                _per_event(paced),
+                "",
+                "",
+                f"≤ {PACED_EVENT_CPU_TARGET_US:g} µs (the gateway's)",
+                "floor above" if Spread([_event_us(r) for r in paced]).median > PACED_EVENT_CPU_TARGET_US else "",
+                figure=Spread([_event_us(r) for r in paced]),
+            )
+        # The burst at c=50, and on hypercorn a WebSocket turn per message against SSE.
+        async with _floor("trio", sim_url, PLACEMENT.gateway) as (trio_url, trio_proc), _floor(
+            "hypercorn", sim_url, PLACEMENT.gateway
+        ) as (hyper_url, hyper_proc):
+            for url in (trio_url, hyper_url):
+                await _checked("floor", run_load(LoadConfig(url=url, concurrency=4, requests=40)))
+            await _checked("floor", run_load(LoadConfig(url=hyper_url, websocket=True, concurrency=4, requests=40)))
+            runs: dict[str, list[LoadReport]] = {}
             for round_ in range(bench.rounds):
-                runs.append(await bench.load(f"floor-paced-r{round_}", config, [floor_proc.pid]))
+                for name, config, pid in (
+                    ("direct", LoadConfig(url=sim_url, api="chat", concurrency=50, duration=bench.duration), sim_proc.pid),
+                    ("trio", LoadConfig(url=trio_url, concurrency=50, duration=bench.duration), trio_proc.pid),
+                    ("hypercorn", LoadConfig(url=hyper_url, concurrency=50, duration=bench.duration), hyper_proc.pid),
+                    ("hypercorn-c1", LoadConfig(url=hyper_url, concurrency=1, duration=bench.duration), hyper_proc.pid),
+                    ("websocket-c1", LoadConfig(url=hyper_url, websocket=True, concurrency=1, duration=bench.duration), hyper_proc.pid),
+                ):
+                    runs.setdefault(name, []).append(await bench.load(f"floor-{name}-burst-r{round_}", config, [pid]))
+    for server, what in FLOORS:
+        share = Spread([_share(v, d) for v, d in zip(runs[server], runs["direct"])])
+        bench.row(
+            f"floor: {what}, 200-chunk burst, c=50",
+            "CPU per response; responses/s; share of direct",
+            f"{Spread([_cpu_ms(r) for r in runs[server]]).ms()}; {Spread([r.throughput_rps for r in runs[server]]).plain(0)}/s",
+            f"{Spread([_cpu_ms(r) for r in runs['direct']]).ms()}; {Spread([r.throughput_rps for r in runs['direct']]).plain(0)}/s",
+            share.plain(2),
+            f"≥ {BURST_THROUGHPUT_TARGET:.2f} / ≥ {RELAY_THROUGHPUT_TARGET:.2f} (the gateway's)",
+            "floor below" if share.median < RELAY_THROUGHPUT_TARGET else "",
+            figure=share,
+        )
+    ratio = Spread([_cpu_ms(w) / (_cpu_ms(h) or 1.0) for w, h in zip(runs["websocket-c1"], runs["hypercorn-c1"])])
     bench.row(
-        f"floor: a bare trio relay, paced, c={PACED_STREAMS} (no parsing, translation, store or framework)",
-        "CPU µs per event",
-        _per_event(runs),
-        "",
-        "",
-        "",
-        "",
+        "floor: WebSocket turns on hypercorn (a message per event) against its SSE, 200-chunk burst, c=1",
+        "CPU per response",
+        Spread([_cpu_ms(r) for r in runs["websocket-c1"]]).ms(),
+        Spread([_cpu_ms(r) for r in runs["hypercorn-c1"]]).ms() + " (SSE)",
+        f"{ratio.plain(2)}×",
+        f"≤ {TRANSPORT_CPU_RATIO_TARGET:g}× (the gateway's)",
+        "floor above" if ratio.median > TRANSPORT_CPU_RATIO_TARGET else "",
+        figure=ratio,
     )
+    await _floor_latency(bench, pin)
+
+
+async def _floor_latency(bench: Bench, pin: bool) -> None:
+    """The floors' first text delta at c=1, on the stream and the placement of the gateway's row."""
+    placement = Placement.for_light_load(_cores()) if pin else PLACEMENT
+    runs: dict[str, list[LoadReport]] = {}
+    with _placed(placement):
+        async with _simulator(tokens=_PACED_TOKENS, delay=_PACED_DELAY) as (sim_url, sim_proc):
+            async with _floor("trio", sim_url, placement.gateway) as (trio_url, trio_proc), _floor(
+                "hypercorn", sim_url, placement.gateway
+            ) as (hyper_url, hyper_proc):
+                for url in (trio_url, hyper_url):
+                    await _checked("floor", run_load(LoadConfig(url=url, concurrency=1, requests=20)))
+                for round_ in range(bench.rounds):
+                    for name, url, pid in (("direct", sim_url, sim_proc.pid), ("trio", trio_url, trio_proc.pid), ("hypercorn", hyper_url, hyper_proc.pid)):
+                        config = LoadConfig(url=url, api="chat" if name == "direct" else "responses", concurrency=1, duration=bench.duration)
+                        runs.setdefault(name, []).append(await bench.load(f"floor-{name}-c1-paced-r{round_}", config, [pid]))
+    for server, what in FLOORS:
+        for q in ("p50", "p99"):
+            added = Spread([_added(v, d, "time_to_first_text_ms", q) for v, d in zip(runs[server], runs["direct"])])
+            bench.row(
+                f"floor: {what}, time to first text delta, c=1, tokens {_PACED_DELAY * 1000:.0f} ms apart ({q})",
+                "added by the relay",
+                added.plain(2, "ms", signed=True),
+                Spread([getattr(d.time_to_first_text_ms, q) or 0.0 for d in runs["direct"]]).ms() + " direct",
+                "",
+                f"≤ {FIRST_DELTA_TARGET_MS[q]:g} ms (the gateway's)",
+                "floor above" if added.median > FIRST_DELTA_TARGET_MS[q] else "",
+                figure=added,
+            )
 
 
 async def _workers_scenario(bench: Bench) -> None:
@@ -839,9 +938,44 @@ async def _shared_service_scenario(bench: Bench, rounds: int = 3) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Reproduction:
+    """A row of this run against the same row of an earlier one."""
+
+    scenario: str
+    median: float
+    low: float
+    high: float
+
+    @property
+    def inside(self) -> bool:
+        return self.low <= self.median <= self.high
+
+
+def reproduced(earlier: Sequence[dict[str, Any]], rows: Sequence[Row]) -> list[Reproduction]:
+    """Each row with a figure in both runs: this run's median against the earlier run's range
+    (rows matched by scenario; `earlier` is the `rows` list of an earlier run's bench.json)."""
+    before = {r["scenario"]: r.get("figure") or [] for r in earlier}
+    found = []
+    for row in rows:
+        values = before.get(row.scenario)
+        if row.figure and values:
+            found.append(Reproduction(row.scenario, statistics.median(row.figure), min(values), max(values)))
+    return found
+
+
+def render_reproduction(found: Sequence[Reproduction], source: str) -> str:
+    inside = sum(r.inside for r in found)
+    lines = [f"Against {source}: {inside} of {len(found)} medians inside the earlier run's ranges."]
+    for r in found:
+        if not r.inside:
+            lines.append(f"- outside: {r.scenario}: {r.median:.3g} against [{r.low:.3g} to {r.high:.3g}]")
+    return "\n".join(lines)
+
+
 def render(bench: Bench) -> str:
     header = ("scenario", "measure", "gateway", "direct", "ratio / added", "target", "met")
-    rows = [header] + [dataclasses.astuple(r) for r in bench.rows]
+    rows = [header] + [dataclasses.astuple(r)[: Row.CELLS] for r in bench.rows]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     lines = []
     for n, row in enumerate(rows):
@@ -879,6 +1013,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--slow-streams", type=int, default=10000, help="concurrent streams in the largest heartbeat scenario (and 5000)"
     )
     parser.add_argument("--quick", action="store_true", help="2-second load runs (a smoke test; still every round)")
+    parser.add_argument(
+        "--against", metavar="BENCH_JSON", help="an earlier run's bench.json: say which rows' medians land inside its ranges"
+    )
     parser.add_argument(
         "--no-pin", dest="pin", action="store_false", help="let the OS place the processes (default from 3 cores: tools and gateway on separate cores)"
     )
@@ -920,7 +1057,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"\nWARNING: the machine was busy ({busy}): these figures are higher than on a quiet machine.")
     print()
     print(table)
-    (out / "table.md").write_text(header + ("\n\nWARNING: the machine was busy: " + busy if busy else "") + "\n\n" + table + "\n")
+    against = ""
+    if args.against:
+        earlier = json.loads(pathlib.Path(args.against).read_text())
+        against = "\n\n" + render_reproduction(reproduced(earlier["rows"], bench.rows), f"{args.against} ({earlier.get('commit', '?')})")
+        print(against.strip())
+    (out / "table.md").write_text(header + ("\n\nWARNING: the machine was busy: " + busy if busy else "") + "\n\n" + table + against + "\n")
     results = {
         "machine": machine(),
         "commit": commit(),

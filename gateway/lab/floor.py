@@ -10,15 +10,23 @@ relay pays, the wake-up for the backend's bytes, one `recv`, a few byte searches
 `bench --only floor` measures it on the paced load beside the gateway; the gap between the two
 is what the gateway's layers cost.
 
+`--server hypercorn` serves the same relay as a bare ASGI app under hypercorn's trio worker, the
+server the gateway runs on (`POST` answered as SSE, a WebSocket connection as one message per
+event for each `response.create` it receives): what the stack costs before any of the gateway's
+own work, the floor for the targets that count per request and per WebSocket message.
+
 Knows nothing of the gateway's modules; expects the simulator's chunk shape.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 import trio
@@ -106,6 +114,16 @@ async def _read_request(client: socket.socket, buf: bytes) -> tuple[bytes, bytes
 
 
 async def _relay(client: socket.socket, backend: _Backend, body: bytes) -> None:
+    await _send(client, _HEAD)
+
+    async def write(frames: bytes, done: bool) -> None:
+        await _send(client, b"%x\r\n%b\r\n" % (len(frames), frames) + (b"0\r\n\r\n" if done else b""))
+
+    await _stream(backend, body, write)
+
+
+async def _stream(backend: _Backend, body: bytes, write: Callable[[bytes, bool], Awaitable[None]]) -> None:
+    """Ask the backend for the request's model and hand `write` each upstream read's frames."""
     model = orjson.loads(body).get("model", "sim")
     payload = orjson.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True})
     upstream = await backend.open()
@@ -114,7 +132,6 @@ async def _relay(client: socket.socket, backend: _Backend, body: bytes) -> None:
         % (backend.host.encode(), backend.port, len(payload))
     ) + payload
     await _send(upstream, request)
-    await _send(client, _HEAD)
     headed = False
     pending = b""
     while True:
@@ -140,8 +157,7 @@ async def _relay(client: socket.socket, backend: _Backend, body: bytes) -> None:
         if done:
             frames.append(_COMPLETED)
         if frames:
-            out = b"".join(frames)
-            await _send(client, b"%x\r\n%b\r\n" % (len(out), out) + (b"0\r\n\r\n" if done else b""))
+            await write(b"".join(frames), done)
         if done:
             if not data.endswith(b"0\r\n\r\n"):  # the rest of the backend's body: its last chunk
                 while not (await _recv(upstream)).endswith(b"0\r\n\r\n"):
@@ -185,13 +201,97 @@ async def serve(port: int, backend_url: str, *, task_status: trio.TaskStatus[str
             nursery.start_soon(_serve_connection, _plain(client), host, int(backend_port))
 
 
+class AsgiFloor:
+    """The same relay as a bare ASGI app: what hypercorn costs before the gateway's own work.
+
+    Backend connections are kept alive in a free list (a request takes one, gives it back when
+    its answer is whole).  A WebSocket connection answers each message with one message per
+    upstream read's frames, as the gateway's WebSocket mode sends each event as a message."""
+
+    def __init__(self, backend_url: str) -> None:
+        authority = backend_url.split("://", 1)[-1].split("/", 1)[0]
+        host, _, port = authority.rpartition(":")
+        self.host, self.port = host, int(port)
+        self.idle: list[_Backend] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+        elif scope["type"] == "websocket":
+            await self._websocket(receive, send)
+        else:
+            await self._http(scope, receive, send)
+
+    async def _http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["method"] != "POST":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+
+        async def write(frames: bytes, done: bool) -> None:
+            await send({"type": "http.response.body", "body": frames, "more_body": not done})
+
+        await self._relay(body, write)
+
+    async def _websocket(self, receive: Any, send: Any) -> None:
+        if (await receive())["type"] != "websocket.connect":
+            return
+        await send({"type": "websocket.accept"})
+
+        async def write(frames: bytes, done: bool) -> None:
+            for frame in frames.split(b"\n\n")[:-1]:  # one message per event, as the gateway sends them
+                await send({"type": "websocket.send", "text": frame.partition(b"data: ")[2].decode()})
+
+        while True:
+            message = await receive()
+            if message["type"] != "websocket.receive":
+                return
+            await self._relay((message.get("text") or "").encode() or message.get("bytes") or b"{}", write)
+
+    async def _relay(self, body: bytes, write: Callable[[bytes, bool], Awaitable[None]]) -> None:
+        backend = self.idle.pop() if self.idle else _Backend(self.host, self.port)
+        try:
+            await _stream(backend, body, write)
+        except BaseException:
+            backend.close()
+            raise
+        self.idle.append(backend)
+
+
+async def serve_hypercorn(port: int, backend_url: str, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+    """`AsgiFloor` under hypercorn's trio worker on 127.0.0.1:`port`; tells `task_status` its URL."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve as hypercorn_serve
+
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+    config.keep_alive_timeout = 75  # as the gateway's
+    config.backlog = 4096
+    async with trio.open_nursery() as nursery:  # owned here: hypercorn's serve loop
+        app: Any = AsgiFloor(backend_url)  # an ASGI 3 app; hypercorn's types name its own scope classes
+        binds = await nursery.start(functools.partial(hypercorn_serve, app, config))
+        task_status.started(binds[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway.lab.floor", description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--backend", required=True, help="the simulator's base URL, http://host:port")
+    parser.add_argument("--server", choices=["trio", "hypercorn"], default="trio", help="raw trio sockets, or hypercorn's trio worker")
     args = parser.parse_args(argv)
     try:
-        trio.run(serve, args.port, args.backend)
+        trio.run(serve if args.server == "trio" else serve_hypercorn, args.port, args.backend)
     except KeyboardInterrupt:
         pass
     return 0
