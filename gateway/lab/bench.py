@@ -453,8 +453,8 @@ def _path_rows(bench: Bench, runs: dict[tuple[str, int], list[LoadReport]], conc
         bench.row(
             f"{path.name}, 200-chunk burst, c={concurrency}" + (f" ({failed} failed)" if failed else ""),
             "CPU per response; responses/s; share of direct",
-            f"{Spread([_cpu_ms(r) for r in via]).ms()}; {Spread([r.throughput_rps for r in via]).plain(0)}/s",
-            f"{Spread([_cpu_ms(r) for r in direct]).ms()}; {Spread([r.throughput_rps for r in direct]).plain(0)}/s"
+            _cpu_and_rate(via),
+            _cpu_and_rate(direct)
             + (" (JSON)" if path.direct == "json" else ""),
             share.plain(2),
             target,
@@ -473,8 +473,8 @@ def _path_rows(bench: Bench, runs: dict[tuple[str, int], list[LoadReport]], conc
         bench.row(
             f"{path.name} against the hot route, c={concurrency}",
             "CPU per event" if per_event else "CPU per response",
-            _per_event(via) if per_event else Spread([_cpu_ms(r) for r in via]).ms(),
-            (_per_event(hot) if per_event else Spread([_cpu_ms(r) for r in hot]).ms()) + " (hot route)",
+            _per_event(via) if per_event else _cpu(via),
+            (_per_event(hot) if per_event else _cpu(hot)) + " (hot route)",
             f"{ratio.plain(2)}×",
             f"≤ {limit:g}×",
             _met(ratio.median <= limit and not failed),
@@ -501,6 +501,15 @@ def _event_us(report: LoadReport) -> float:
 
 def _per_event(reports: list[LoadReport]) -> str:
     return Spread([_event_us(r) for r in reports]).plain(1, "µs")
+
+
+def _cpu(reports: list[LoadReport]) -> str:
+    return Spread([_cpu_ms(r) for r in reports]).ms()
+
+
+def _cpu_and_rate(reports: list[LoadReport]) -> str:
+    """CPU per response and responses per second, each a median with its range."""
+    return f"{_cpu(reports)}; {Spread([r.throughput_rps for r in reports]).plain(0)}/s"
 
 
 def _cpu_ratio(via: LoadReport, hot: LoadReport, per_event: bool) -> float:
@@ -557,7 +566,7 @@ async def _paced_scenario(bench: Bench) -> None:
                 direct_runs.append(await bench.load(f"paced-direct-r{round_}", direct, [sim_proc.pid]))
                 via_runs.append(await bench.load(f"paced-gateway-r{round_}", gateway, [gw_proc.pid]))
             per_event = Spread([_event_us(r) for r in via_runs])
-            to_simulator = Spread([_event_us(v) / (_event_us(d) or 1.0) for v, d in zip(via_runs, direct_runs)])
+            to_simulator = Spread([_cpu_ratio(v, d, per_event=True) for v, d in zip(via_runs, direct_runs)])
             failed = sum(r.requests_failed for r in via_runs)
             bench.row(
                 f"CPU per relayed event, paced: {PACED_STREAMS} streams, a chunk per write {PACED_STEP * 1000:.0f} ms apart"
@@ -660,15 +669,16 @@ async def _floor_scenario(bench: Bench, pin: bool = True) -> None:
                 config = LoadConfig(url=url, model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds)
                 await _checked("floor", run_load(dataclasses.replace(config, duration=None, requests=PACED_STREAMS)))
                 paced = [await bench.load(f"floor-{server}-paced-r{round_}", config, [proc.pid]) for round_ in range(bench.rounds)]
+            per_event = Spread([_event_us(r) for r in paced])
             bench.row(
                 f"floor: {what}, paced, c={PACED_STREAMS} (no parsing, translation, store or keys)",
                 "CPU µs per event",
-                _per_event(paced),
+                per_event.plain(1, "µs"),
                 "",
                 "",
                 f"≤ {PACED_EVENT_CPU_TARGET_US:g} µs (the gateway's)",
-                "floor above" if Spread([_event_us(r) for r in paced]).median > PACED_EVENT_CPU_TARGET_US else "",
-                figure=Spread([_event_us(r) for r in paced]),
+                "floor above" if per_event.median > PACED_EVENT_CPU_TARGET_US else "",
+                figure=per_event,
             )
         # The burst at c=50, and on hypercorn a WebSocket turn per message against SSE.
         async with _floor("trio", sim_url, PLACEMENT.gateway) as (trio_url, trio_proc), _floor(
@@ -692,19 +702,19 @@ async def _floor_scenario(bench: Bench, pin: bool = True) -> None:
         bench.row(
             f"floor: {what}, 200-chunk burst, c=50",
             "CPU per response; responses/s; share of direct",
-            f"{Spread([_cpu_ms(r) for r in runs[server]]).ms()}; {Spread([r.throughput_rps for r in runs[server]]).plain(0)}/s",
-            f"{Spread([_cpu_ms(r) for r in runs['direct']]).ms()}; {Spread([r.throughput_rps for r in runs['direct']]).plain(0)}/s",
+            _cpu_and_rate(runs[server]),
+            _cpu_and_rate(runs["direct"]),
             share.plain(2),
             f"≥ {BURST_THROUGHPUT_TARGET:.2f} / ≥ {RELAY_THROUGHPUT_TARGET:.2f} (the gateway's)",
             "floor below" if share.median < RELAY_THROUGHPUT_TARGET else "",
             figure=share,
         )
-    ratio = Spread([_cpu_ms(w) / (_cpu_ms(h) or 1.0) for w, h in zip(runs["websocket-c1"], runs["hypercorn-c1"])])
+    ratio = Spread([_cpu_ratio(w, h, per_event=False) for w, h in zip(runs["websocket-c1"], runs["hypercorn-c1"])])
     bench.row(
         "floor: WebSocket turns on hypercorn (a message per event) against its SSE, 200-chunk burst, c=1",
         "CPU per response",
-        Spread([_cpu_ms(r) for r in runs["websocket-c1"]]).ms(),
-        Spread([_cpu_ms(r) for r in runs["hypercorn-c1"]]).ms() + " (SSE)",
+        _cpu(runs["websocket-c1"]),
+        _cpu(runs["hypercorn-c1"]) + " (SSE)",
         f"{ratio.plain(2)}×",
         f"≤ {TRANSPORT_CPU_RATIO_TARGET:g}× (the gateway's)",
         "floor above" if ratio.median > TRANSPORT_CPU_RATIO_TARGET else "",
@@ -1031,6 +1041,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     out = pathlib.Path(args.out)
+    # Read before the run, not after it: a wrong path fails at once, not after the whole bench.
+    earlier = json.loads(pathlib.Path(args.against).read_text()) if args.against else None
     bench = trio.run(
         lambda: run_bench(
             out,
@@ -1058,8 +1070,7 @@ def main(args: argparse.Namespace) -> int:
     print()
     print(table)
     against = ""
-    if args.against:
-        earlier = json.loads(pathlib.Path(args.against).read_text())
+    if earlier is not None:
         against = "\n\n" + render_reproduction(reproduced(earlier["rows"], bench.rows), f"{args.against} ({earlier.get('commit', '?')})")
         print(against.strip())
     (out / "table.md").write_text(header + ("\n\nWARNING: the machine was busy: " + busy if busy else "") + "\n\n" + table + against + "\n")
