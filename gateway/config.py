@@ -108,6 +108,11 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds a request's line and headers may take to arrive once its first byte has (slow clients are cut off).",
     )
+    keep_alive_timeout: float = Field(
+        75.0,
+        gt=0,
+        description="Seconds an idle keep-alive connection stays open (longer than a load balancer's own idle timeout in front).",
+    )
     websocket_max_age: float = Field(
         3600.0, gt=0, description="Seconds a WebSocket connection may stay open (the spec's 60-minute limit)."
     )

@@ -53,11 +53,13 @@ import signal
 import socket
 import struct
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnContext
 from typing import Any
+from wsgiref.handlers import format_date_time
 
 import h11
 import trio
@@ -66,7 +68,7 @@ from hypercorn.events import Closed, RawData
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
-from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.trio.worker_context import TrioSingleTask, WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import (
     LifespanFailureError,
@@ -97,15 +99,35 @@ class StartupError(Exception):
     """The gateway could not start; the message is the reason, in one line (no traceback needed)."""
 
 
+class _Config(Config):
+    """hypercorn's configuration, with the `date` header formatted once a second rather than
+    once a response (hypercorn formats it with `email.utils` each time)."""
+
+    _date_second = -1
+    _date = b""
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        if self.alt_svc_headers or self._quic_addresses or not self.include_date_header:
+            return super().response_headers(protocol)
+        now = time.time()
+        second = int(now)
+        if second != self._date_second:
+            self._date, self._date_second = format_date_time(second).encode("ascii"), second
+        headers = [(b"date", self._date)]
+        if self.include_server_header:
+            headers.append((b"server", b"hypercorn-" + protocol.encode("ascii")))
+        return headers
+
+
 def hypercorn_config(settings: Settings, *, host: str | None = None, port: int | None = None) -> Config:
-    config = Config()
+    config = _Config()
     host = settings.api_adapter_host if host is None else host
     port = settings.api_adapter_port if port is None else port
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.worker_class = "trio"
     config.accesslog = None  # the app logs one line per response itself
     config.errorlog = logging.getLogger("hypercorn.error")
-    config.keep_alive_timeout = 75
+    config.keep_alive_timeout = settings.keep_alive_timeout
     config.graceful_timeout = 5
     config.backlog = 4096
     return config
@@ -423,13 +445,16 @@ class _GatewayTCPServer(TCPServer):
     """hypercorn's connection handler, with a deadline for each request's line and headers,
     a bound on writes that make no progress, and no wait once the client has closed.
 
-    hypercorn runs one timer per connection (`_idle_timeout`, restarted
-    whenever the connection falls idle, stopped once a request's headers are
-    complete): the 75 s keep-alive timer.  Here the first byte of a request
-    cuts that timer short to `header_timeout` from that byte; when it fires
-    the client gets a 408 (if h11 can still send one) and the connection is
-    closed.  The end of the client's side (EOF, a reset) fires it at once.
-    HTTP/1.1 only: h2c connections keep hypercorn's own timers.
+    One timer per connection: the 75 s keep-alive timer, running while the
+    connection is idle.  hypercorn starts a task for it each time the
+    connection falls idle and cancels that task when a request's headers are
+    complete (a task spawned, started and cancelled per request); here one
+    task lives as long as the connection and only its deadline moves (no
+    deadline while a request runs).  The first byte of a request cuts the
+    timer short to `header_timeout` from that byte; when it fires the client
+    gets a 408 (if h11 can still send one) and the connection is closed.  The
+    end of the client's side (EOF, a reset) fires it at once.  The 408 and the
+    header clock are HTTP/1.1's: on h2c the timer is the keep-alive one only.
     """
 
     def __init__(
@@ -448,7 +473,9 @@ class _GatewayTCPServer(TCPServer):
         self._header_timeout = header_timeout
         self._stall_timeout = stall_timeout
         self._connections = connections
-        self._idle_timer: trio.CancelScope | None = None  # the running idle timer's scope, if any
+        self.idle_task = _KeepAliveTimer(self)  # hypercorn's idle task, replaced
+        self._timer: trio.CancelScope | None = None  # the keep-alive task's scope, while that task runs
+        self._idle_timer: trio.CancelScope | None = None  # the same scope while the connection is idle, else None
         self._headers_due: float | None = None  # set once a request has begun while the timer runs
         self._read_over = False  # the client closed or reset the connection (or it timed out): nothing more comes
 
@@ -530,23 +557,42 @@ class _GatewayTCPServer(TCPServer):
             self._start_header_clock()
         self._read_over = True
         await self.protocol.handle(Closed())
-        if self._idle_timer is not None:
-            # The client closed (or reset) an idle connection: close it now.
-            # hypercorn waited for the keep-alive timer, holding the socket (in
-            # CLOSE-WAIT after a FIN) all that time.
-            self._idle_timer.cancel()
+        if self._timer is not None:
+            # The client closed (or reset) the connection.  Idle, it is closed now
+            # (hypercorn waited for the keep-alive timer, holding the socket in
+            # CLOSE-WAIT after a FIN all that time); with a request running, the
+            # timer's task ends and the end of the response closes it.
+            self._timer.cancel()
 
-    async def _idle_timeout(self) -> None:
-        with trio.CancelScope(deadline=trio.current_time() + self.config.keep_alive_timeout) as timer:
-            self._idle_timer, self._headers_due = timer, None
-            try:
-                if self._read_over:  # the client left while its last request was answered
-                    timer.cancel()
-                self._start_header_clock()  # a pipelined request may already have begun
-                await self.context.terminated.wait()
-            finally:
-                if self._idle_timer is timer:  # unless a restarted timer took over already
-                    self._idle_timer = None
+    def _fall_idle(self, task_group: Any) -> None:
+        """The connection has no request running: the keep-alive deadline starts now."""
+        timer = self._timer
+        if timer is None:
+            timer = self._timer = trio.CancelScope()
+            task_group._nursery.start_soon(self._keep_alive, timer)
+        timer.deadline = trio.current_time() + self.config.keep_alive_timeout
+        self._idle_timer, self._headers_due = timer, None
+        if self._read_over:  # the client left while its last request was answered
+            timer.cancel()
+        self._start_header_clock()  # a pipelined request may already have begun
+
+    def _fall_busy(self) -> None:
+        """A request's headers are complete: no deadline until its response has ended."""
+        if self._idle_timer is not None:
+            self._idle_timer.deadline = math.inf
+        self._idle_timer, self._headers_due = None, None
+
+    async def _keep_alive(self, timer: trio.CancelScope) -> None:
+        with timer:
+            await self.context.terminated.wait()
+        if self._idle_timer is not timer:
+            # A request runs (it began before the timer's task woke, or the server
+            # is shutting down meanwhile): the end of its response decides, and the
+            # next idle spell starts a timer of its own.
+            if self._timer is timer:
+                self._timer = None
+            return
+        self._idle_timer = None
         with trio.CancelScope(shield=True):
             if timer.cancelled_caught and self._headers_due is not None and not self._read_over:
                 await self._send_408()
@@ -586,6 +632,21 @@ class _GatewayTCPServer(TCPServer):
                     await self.stream.send_eof()  # a FIN after it, so the client reads it before the close
                 except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
                     pass
+
+
+class _KeepAliveTimer(TrioSingleTask):
+    """What hypercorn's connection calls its idle task (`restart` when the connection falls
+    idle, `stop` when a request begins), as two calls that move one timer's deadline."""
+
+    def __init__(self, server: _GatewayTCPServer) -> None:
+        super().__init__()
+        self._server = server
+
+    async def restart(self, task_group: Any, action: Any) -> None:
+        self._server._fall_idle(task_group)
+
+    async def stop(self) -> None:
+        self._server._fall_busy()
 
 
 def _reset(socket_: trio.socket.SocketType) -> None:

@@ -196,3 +196,60 @@ async def test_a_large_write_to_a_slow_reader_is_not_cut_while_it_makes_progress
         took = trio.current_time() - began
     assert head.startswith(b"HTTP/1.1 200") and body == _BIG
     assert took > 3 * stall  # one write, much longer than the bound: only progress was bounded
+
+
+# --- the keep-alive timer: one per connection, stopped while a request runs ------------------------
+
+
+class HeldFirstAnswer:
+    """An ASGI app that answers `ok`, the first request only once the test lets it."""
+
+    def __init__(self) -> None:
+        self.first_began = trio.Event()
+        self.release = trio.Event()
+        self.requests = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
+        self.requests += 1
+        if self.requests == 1:
+            self.first_began.set()
+            await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": False})
+
+
+async def test_the_keep_alive_timer_never_cuts_a_running_request_and_closes_the_connection_once_idle(nursery):
+    keep_alive = 0.5
+    app = HeldFirstAnswer()
+    settings = make_settings("http://127.0.0.1:9", keep_alive_timeout=keep_alive)
+    url = await nursery.start(functools.partial(gateway.serve, settings, app=app))  # type: ignore[arg-type]
+    request = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+    answer = b"\r\n\r\nok"
+    async with await trio.open_tcp_stream("127.0.0.1", int(url.rsplit(":", 1)[1])) as stream:
+        await stream.send_all(request)
+        with trio.fail_after(5):
+            await app.first_began.wait()
+        with trio.move_on_after(3 * keep_alive):  # a request running for longer than the timer: time has to pass
+            data = await stream.receive_some()
+            raise AssertionError(f"the connection ended while its request ran: {data!r}")
+        app.release.set()
+        data = b""
+        with trio.fail_after(5):
+            while not data.endswith(answer):
+                data += await stream.receive_some()
+        for _ in range(20):  # many requests on one connection, each restarting the one timer
+            await stream.send_all(request)
+            data = b""
+            with trio.fail_after(5):
+                while not data.endswith(answer):
+                    data += await stream.receive_some()
+            assert data.startswith(b"HTTP/1.1 200")
+        idle_from = trio.current_time()
+        with trio.fail_after(5):
+            assert await stream.receive_some() == b""  # closed by the server once idle for the timer's length
+        idled = trio.current_time() - idle_from
+    assert app.requests == 21
+    assert idled >= keep_alive * 0.9
