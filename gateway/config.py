@@ -114,7 +114,7 @@ class Settings(BaseSettings):
         description="Seconds an idle keep-alive connection stays open (longer than a load balancer's own idle timeout in front).",
     )
     websocket_max_age: float = Field(
-        3600.0, gt=0, description="Seconds a WebSocket connection may stay open (the spec's 60-minute limit)."
+        3600.0, gt=0, description="Seconds a WebSocket connection may stay open (the spec's 60-minute limit); a turn running then ends first."
     )
     reasoning_events: Literal["openai", "spec"] = Field(
         "openai",

@@ -81,6 +81,7 @@ from hypercorn.utils import (
 from .app import GatewayApp, create_app
 from .config import ConfigError, Settings
 from .edge import is_failure
+from .transport.coalesce import current_batch
 
 __all__ = ["StartupError", "hypercorn_config", "run", "serve"]
 
@@ -498,6 +499,17 @@ class _GatewayTCPServer(TCPServer):
         if not (isinstance(event, RawData) and isinstance(self.stream, trio.SocketStream)):
             await super().protocol_send(event)
             return
+        batch = current_batch()
+        if batch is not None and batch.write in (None, self._write_raw) and self._one_stream():
+            # A transport sending several messages at once (`coalesced`): held, and
+            # written with the others when its block ends.  HTTP/1.1 only: on HTTP/2
+            # the bytes may carry other streams' frames, whose order matters (HPACK).
+            batch.write = self._write_raw
+            batch.parts.append(event.data)
+            return
+        await self._write_raw(event.data)
+
+    async def _write_raw(self, data: bytes) -> None:
         # hypercorn's write, made cheap when the kernel takes it whole (almost every write of a
         # stream): the send lock taken without a trip through the scheduler when it is free, and
         # one write(2) straight to the socket, with no cancel scope, deadline or trio socket call
@@ -512,7 +524,6 @@ class _GatewayTCPServer(TCPServer):
             await lock.acquire()
         try:
             socket_ = self.stream.socket
-            data = event.data
             sent = 0
             if _DIRECT_WRITES:
                 try:
@@ -603,6 +614,10 @@ class _GatewayTCPServer(TCPServer):
         if timer is not None and self._headers_due is None and self._awaiting_headers():
             # The connection is no longer idle: this deadline replaces the keep-alive one.
             self._headers_due = timer.deadline = trio.current_time() + self._header_timeout
+
+    def _one_stream(self) -> bool:
+        """HTTP/1.1 (a WebSocket upgraded from it included): one stream, whose bytes are all this task's."""
+        return isinstance(getattr(self.protocol, "protocol", None), H11Protocol)
 
     def _h11(self) -> h11.Connection | None:
         protocol = getattr(self.protocol, "protocol", None)  # set once the connection is set up

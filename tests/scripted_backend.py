@@ -96,9 +96,13 @@ CLOSE = "close"  # end the body here (no [DONE])
 COMMENTS_FOREVER = "comments-forever"  # an SSE comment every 50 ms, never data
 TRICKLE = "trickle"  # one byte of a chunk every 50 ms, never a whole chunk
 
-# Served like SCENARIOS, but too large for the translator's recorded-stream tests (which feed
-# every scenario byte by byte).
+# 200 text chunks in one write of the backend's, as a fast server's reply often arrives.
+_BURST = b"\n\ndata: ".join(orjson.dumps(chunk({"content": f"w{i} "})) for i in range(200))
+
+# Served like SCENARIOS, but left out of the translator's recorded-stream tests (which feed every
+# scenario byte by byte, a chunk per step): too large, or several chunks in one step.
 LARGE_SCENARIOS: dict[str, list[Any]] = {
+    "burst": [chunk({"role": "assistant", "content": ""}), _BURST, chunk(finish="stop"), usage_chunk(), b"[DONE]"],
     "big-stream": [  # 8 MiB of text in 64 KiB chunks: far more than the sockets between here and a client hold
         chunk({"role": "assistant", "content": ""}),
         *[chunk({"content": "x" * 65536})] * 128,

@@ -11,6 +11,8 @@ import orjson
 import trio
 from httpx2.websockets import AsyncWebSocketClient
 
+import gateway.server
+
 from spec import _cached_validator, validate_event
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
@@ -103,3 +105,54 @@ async def test_the_connection_limit_ends_the_socket_with_its_error(start_gateway
             error = orjson.loads(await ws.receive_text())
     _cached_validator("WebSocketErrorEvent").validate(error)
     assert error["error"]["code"] == "websocket_connection_limit_reached"
+
+
+async def test_a_turn_running_when_the_connection_reaches_its_age_ends_with_its_terminal_event_first(
+    start_gateway, backend
+):
+    url = await start_gateway(websocket_max_age=0.3)
+    async with aconnect_ws(ws_url(url)) as ws:
+        await ws.send_text(orjson.dumps({"type": "response.create", "model": "text-then-wait", "input": "x"}).decode())
+        events = []
+        with trio.fail_after(10):
+            while not any(e.get("type") == "response.output_text.delta" for e in events):
+                events.append(orjson.loads(await ws.receive_text()))
+            await trio.sleep(0.5)  # past the connection's age, the turn still running: time has to pass
+            backend.release.set()
+            while events[-1]["type"] not in TERMINAL:
+                events.append(orjson.loads(await ws.receive_text()))
+            limit = orjson.loads(await ws.receive_text())
+    assert events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == "Hello, world"
+    assert limit["error"]["code"] == "websocket_connection_limit_reached"
+
+
+class _CountingOs:
+    """`os` as gateway.server sees it, counting the writes that carry text deltas."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.delta_writes = 0
+
+    def write(self, fd: int, data: Any) -> int:
+        if b"response.output_text.delta" in bytes(data):
+            self.delta_writes += 1
+        return int(self._real.write(fd, data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+async def test_the_events_of_a_burst_leave_as_a_message_each_in_a_few_writes(gateway_url, monkeypatch):
+    counting = _CountingOs(gateway.server.os)
+    monkeypatch.setattr(gateway.server, "os", counting)
+    async with aconnect_ws(ws_url(gateway_url)) as ws:
+        events = await turn(ws, model="burst", input="hi")
+        again = await turn(ws, model="text", input="still one message per event")
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [e["delta"] for e in deltas] == [f"w{i} " for i in range(200)]  # each its own message, in order
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == "".join(f"w{i} " for i in range(200))
+    assert again[-1]["type"] == "response.completed"
+    # Written together: a write(2) per batch of events, not per message.
+    assert 0 < counting.delta_writes <= 20, counting.delta_writes

@@ -10,6 +10,7 @@ it decides its status and headers, then yields its writes.
     background.py   background responses: run in a server-owned nursery, with leases
     heartbeats.py   one ticker per process: keep-alives for quiet streams
     asgi.py         a body written on ASGI, and the bridge to Quart's responses
+    coalesce.py     messages sent together written together (the server's writer holds them)
 
 Transports turn event batches into bytes; they decide nothing about the
 protocol.  The routes (`gateway.app`, `gateway.responses`) wire a transport

@@ -25,6 +25,7 @@ from ..intake import RequestContext, ws_create_request
 from ..render import ws_error
 from ..streams.sse import event_json
 from ..turn import Resources, prepare_turn
+from .coalesce import coalesced
 
 __all__ = ["serve_websocket"]
 
@@ -40,22 +41,26 @@ async def serve_websocket(resources: Resources, ctx: RequestContext, receive: Re
     latest: dict[str, Any] = {}  # the connection's latest response: id -> the items it continues from
 
     async def send(events: list[dict[str, Any]]) -> None:
-        for event in events:
-            await send_text(event_json(event).decode())
+        async with coalesced():  # a message per event, one write for them all
+            for event in events:
+                await send_text(event_json(event).decode())
 
-    waiting = trio.CancelScope()  # around each wait for a frame: a drain ends it
-    with trio.move_on_after(settings.websocket_max_age) as limit, drain.on_drain(lambda: waiting.cancel()):
+    # The connection's age bounds the waits for a frame, not a turn: a turn running when the
+    # time is up ends with its terminal event, then the connection closes.
+    expires = opened + settings.websocket_max_age
+    waiting = trio.CancelScope(deadline=expires)  # around each wait for a frame: a drain ends it
+    with drain.on_drain(lambda: waiting.cancel()):
         while not drain.draining.is_set():
             with waiting:
                 raw = await receive()
             if waiting.cancelled_caught:
                 break
-            waiting = trio.CancelScope()
+            waiting = trio.CancelScope(deadline=expires)
             arrived = trio.current_time()
             await _turn(resources, ctx, raw if isinstance(raw, bytes) else raw.encode(), latest, send, arrived)
     if drain.draining.is_set():
         await close(1001)  # going away: the turn in progress has ended first
-    elif limit.cancelled_caught or trio.current_time() - opened >= settings.websocket_max_age:
+    elif trio.current_time() >= expires:
         expired = InvalidRequest(
             "This connection reached its time limit; open a new one.", code="websocket_connection_limit_reached"
         )
