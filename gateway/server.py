@@ -110,8 +110,7 @@ class _Config(Config):
     def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
         if self.alt_svc_headers or self._quic_addresses or not self.include_date_header:
             return super().response_headers(protocol)
-        now = time.time()
-        second = int(now)
+        second = int(time.time())
         if second != self._date_second:
             self._date, self._date_second = format_date_time(second).encode("ascii"), second
         headers = [(b"date", self._date)]
@@ -446,8 +445,8 @@ class _GatewayTCPServer(TCPServer):
     """hypercorn's connection handler, with a deadline for each request's line and headers,
     a bound on writes that make no progress, and no wait once the client has closed.
 
-    One timer per connection: the 75 s keep-alive timer, running while the
-    connection is idle.  hypercorn starts a task for it each time the
+    One timer per connection: the keep-alive timer (`KEEP_ALIVE_TIMEOUT`),
+    running while the connection is idle.  hypercorn starts a task for it each time the
     connection falls idle and cancels that task when a request's headers are
     complete (a task spawned, started and cancelled per request); here one
     task lives as long as the connection and only its deadline moves (no

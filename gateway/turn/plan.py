@@ -158,8 +158,8 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField("gateway_tools", "done", "the gateway's own: `false` (or `\"none\"`) offers none of the gateway's MCP tools, as the header `x-gateway-tools: none` does"),
 )
 
-_REFUSED = tuple(row for row in REQUEST_FIELDS if row.fate == "refused" and row.value is None)
-_REFUSED_TOPS = frozenset(row.name.partition(".")[0] for row in _REFUSED)
+# Each refused field with the top-level request field it sits in (`text.verbosity`: `text`).
+_REFUSED = tuple((row.name.partition(".")[0], row) for row in REQUEST_FIELDS if row.fate == "refused" and row.value is None)
 _COPIED: tuple[tuple[str, str], ...] = tuple((row.name, row.chat) for row in REQUEST_FIELDS if row.chat is not None)
 _INCLUDES = {row.value: row for row in REQUEST_FIELDS if row.name == "include" and row.value is not None}
 
@@ -182,10 +182,10 @@ def _field_value(req: BaseModel, path: str) -> Any:
 
 def _refuse_what_cannot_be_served(req: CreateResponseRequest) -> None:
     """Raises `InvalidRequest` naming the first field whose ask the gateway cannot deliver."""
-    sent = _REFUSED_TOPS & {*req.model_fields_set, *(req.model_extra or ())}
-    for row in _REFUSED if sent else ():  # a field the request did not send asks for nothing
-        if row.name.partition(".")[0] not in sent:
-            continue
+    sent = {*req.model_fields_set, *(req.model_extra or ())}
+    for top, row in _REFUSED:
+        if top not in sent:
+            continue  # a field the request did not send asks for nothing
         value = _field_value(req, row.name)
         if value is None or value == [] or value == {}:
             continue  # asks for nothing
