@@ -113,6 +113,13 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds an idle keep-alive connection stays open (longer than a load balancer's own idle timeout in front).",
     )
+    http1_server: Literal["gateway", "hypercorn"] = Field(
+        "gateway",
+        description=(
+            "Who serves plain HTTP/1.1 connections: 'gateway' (its own lean protocol, httptools) or "
+            "'hypercorn' (h11). WebSockets and HTTP/2 are hypercorn's either way."
+        ),
+    )
     websocket_max_age: float = Field(
         3600.0, gt=0, description="Seconds a WebSocket connection may stay open (the spec's 60-minute limit); a turn running then ends first."
     )

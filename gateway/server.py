@@ -1,4 +1,8 @@
-"""Serving the app: hypercorn's protocol machinery under a serve loop of our own.
+"""Serving the app: a serve loop of our own over two HTTP servers.
+
+Plain HTTP/1.1 connections are served by the gateway's own lean protocol
+(`gateway.http11`); WebSockets and HTTP/2 (and every connection with
+`HTTP1_SERVER=hypercorn`) by hypercorn's protocol machinery.
 
 `serve` is the embedding entry point: run it in the caller's nursery with
 `nursery.start`, which returns the bound base URL.  `run` is what the CLI
@@ -81,6 +85,7 @@ from hypercorn.utils import (
 from .app import GatewayApp, create_app
 from .config import ConfigError, Settings
 from .edge import is_failure
+from .http11 import PlainServer, Replayed
 from .transport.coalesce import current_batch
 
 __all__ = ["StartupError", "hypercorn_config", "run", "serve"]
@@ -107,13 +112,17 @@ class _Config(Config):
     _date_second = -1
     _date = b""
 
-    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
-        if self.alt_svc_headers or self._quic_addresses or not self.include_date_header:
-            return super().response_headers(protocol)
+    def date(self) -> bytes:
+        """The `date` header's value now."""
         second = int(time.time())
         if second != self._date_second:
             self._date, self._date_second = format_date_time(second).encode("ascii"), second
-        headers = [(b"date", self._date)]
+        return self._date
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        if self.alt_svc_headers or self._quic_addresses or not self.include_date_header:
+            return super().response_headers(protocol)
+        headers = [(b"date", self.date())]
         if self.include_server_header:
             headers.append((b"server", b"hypercorn-" + protocol.encode("ascii")))
         return headers
@@ -290,7 +299,7 @@ async def _serve_sockets(
             if own_process:
                 settle_garbage_collector()
             await _serve_connections(
-                wrapped, config, sockets, settings, lifespan_state, shutdown_trigger, task_status, gateway=app
+                wrapped, config, sockets, settings, lifespan_state, shutdown_trigger, task_status, gateway=app, plain_app=app
             )
             await lifespan.wait_for_shutdown()
             lifespan_nursery.cancel_scope.cancel()
@@ -355,15 +364,19 @@ async def _serve_connections(
     shutdown_trigger: Callable[[], Awaitable[None]] | None,
     task_status: trio.TaskStatus[str],
     gateway: Any = None,
+    plain_app: Any = None,
 ) -> None:
     """Accept connections until shutdown; then stop listening, drain (the app's streams,
     turns and background responses finish or end well, open connections linger), and
-    give what is still open `graceful_timeout` to write what is left."""
+    give what is still open `graceful_timeout` to write what is left.
+
+    Plain HTTP/1.1 connections are the gateway's own (`gateway.http11`) unless
+    `HTTP1_SERVER=hypercorn`; WebSockets and HTTP/2 are hypercorn's."""
     context = WorkerContext(None)
     listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets.insecure_sockets]
     binds = [f"http://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in sockets.insecure_sockets]
     connections = _OpenConnections()
-    handler = functools.partial(
+    hypercorn_connection = functools.partial(
         _GatewayTCPServer,
         app,
         config,
@@ -371,8 +384,28 @@ async def _serve_connections(
         ConnectionState(lifespan_state.copy()),
         header_timeout=settings.request_header_timeout,
         stall_timeout=settings.client_stall_timeout,
-        connections=connections,
     )
+    plain: PlainServer | None = None
+    handler: Callable[[trio.SocketStream], Awaitable[None]]
+    if plain_app is not None and settings.http1_server == "gateway" and _DIRECT_WRITES:
+
+        async def hand_off(stream: Replayed) -> None:
+            await hypercorn_connection(stream, connections=None).run()
+
+        plain = PlainServer(
+            plain_app,
+            config,
+            lifespan_state,
+            header_timeout=settings.request_header_timeout,
+            stall_timeout=settings.client_stall_timeout,
+            date=config.date if isinstance(config, _Config) else _Config().date,
+            hand_off=hand_off,
+        )
+        handler = functools.partial(_serve_plain, plain, connections)
+    else:
+
+        async def handler(stream: trio.SocketStream) -> None:
+            await hypercorn_connection(stream, connections=connections).run()
     async with trio.open_nursery() as server_nursery:
         log.info("serving the Responses gateway on %s (backend %s)", binds[0], settings.openai_base_url_internal)
         if gateway is not None and hasattr(gateway, "serving"):
@@ -405,7 +438,23 @@ async def _serve_connections(
                 with trio.move_on_at(linger_until):  # nothing open (or all closed): no wait at all
                     await connections.wait_none()
             await context.terminated.set()  # idle connections close; busy ones get the grace period
+            if plain is not None:
+                plain.terminate()
             server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+
+
+async def _serve_plain(plain: PlainServer, connections: _OpenConnections, stream: trio.SocketStream) -> None:
+    """One plain connection; a failure of the server's own code ends that connection only."""
+    connections.opened()
+    try:
+        await plain.serve(stream)
+    except BaseException as exc:
+        if not is_failure(exc):
+            raise
+        log.error("the HTTP server failed on one connection (%s); it is closed", type(exc).__name__)
+        log.debug("connection failure", exc_info=exc)
+    finally:
+        connections.closed()
 
 
 class _OpenConnections:
@@ -467,7 +516,7 @@ class _GatewayTCPServer(TCPServer):
         *,
         header_timeout: float,
         stall_timeout: float,
-        connections: _OpenConnections,
+        connections: _OpenConnections | None,
     ) -> None:
         super().__init__(app, config, context, state, stream)
         self._header_timeout = header_timeout
@@ -483,7 +532,9 @@ class _GatewayTCPServer(TCPServer):
         # hypercorn lets a failure of its own protocol code on one connection
         # (an h11 LocalProtocolError, say) escape into the nursery that serves
         # every connection, ending the process.  It ends this connection only.
-        self._connections.opened()
+        # (A connection handed over by the plain server is counted there.)
+        if self._connections is not None:
+            self._connections.opened()
         try:
             await super().run()
         except BaseException as exc:
@@ -492,10 +543,11 @@ class _GatewayTCPServer(TCPServer):
             log.error("the HTTP server failed on one connection (%s); it is closed", type(exc).__name__)
             log.debug("connection failure", exc_info=exc)
         finally:
-            self._connections.closed()
+            if self._connections is not None:
+                self._connections.closed()
 
     async def protocol_send(self, event: Any) -> None:
-        if not (isinstance(event, RawData) and isinstance(self.stream, trio.SocketStream)):
+        if not (isinstance(event, RawData) and isinstance(self.stream, (trio.SocketStream, Replayed))):
             await super().protocol_send(event)
             return
         batch = current_batch()

@@ -27,6 +27,7 @@ from httpx2.websockets import WebSocketUpgradeError
 from quart import Response
 
 import gateway
+from asgi_helpers import answer_lifespan
 from conftest import SequentialIds, make_settings, parse_sse
 from test_drain import served, stored
 from test_multi_instance_and_crash import STARTUP_SECONDS, run_gateway_process
@@ -132,16 +133,13 @@ async def test_a_response_cancelled_as_its_status_line_is_sent_never_takes_the_p
     assert not [r for r in caplog.records if "failed on one connection" in r.getMessage()]  # the edge sufficed
 
 
-async def test_a_failure_inside_the_http_server_ends_its_connection_only(backend, nursery, client, caplog):
-    # Without the edge (any ASGI app): a response start cancelled half-way
-    # makes hypercorn's own cleanup raise h11's LocalProtocolError.
+async def test_a_failure_inside_hypercorns_http_server_ends_its_connection_only(backend, nursery, client, caplog):
+    # Without the edge (any ASGI app), on hypercorn's HTTP/1.1 (HTTP1_SERVER=hypercorn; its
+    # WebSockets and HTTP/2 always): a response start cancelled half-way makes hypercorn's own
+    # cleanup raise h11's LocalProtocolError.
     async def bare_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                kind = (await receive())["type"]
-                await send({"type": f"{kind}.complete"})
-                if kind == "lifespan.shutdown":
-                    return
+            await answer_lifespan(receive, send)
         elif scope["path"] == "/ok":
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
             await send({"type": "http.response.body", "body": b"ok"})
@@ -150,11 +148,38 @@ async def test_a_failure_inside_the_http_server_ends_its_connection_only(backend
                 cut.cancel()
                 await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
 
-    url = await nursery.start(functools.partial(gateway.serve, make_settings(backend.url), app=bare_app))  # type: ignore[arg-type]
+    settings = make_settings(backend.url, http1_server="hypercorn")
+    url = await nursery.start(functools.partial(gateway.serve, settings, app=bare_app))  # type: ignore[arg-type]
     for attempt in range(5):
         assert await exchange(url, b"GET /cut HTTP/1.1\r\nHost: x\r\n\r\n") == b"", attempt
         assert (await client.get(url + "/ok")).text == "ok", attempt
     assert [r.exc_info for r in caplog.records if "failed on one connection" in r.getMessage()] == [None] * 5
+
+
+async def test_an_app_breaking_the_asgi_protocol_on_the_gateways_http_server_gets_a_500_and_ends_its_connection_only(
+    backend, nursery, client, caplog
+):
+    # Without the edge (any ASGI app), on the gateway's own HTTP/1.1: a body before its start
+    # is the app's failure; the client gets a 500 and a closed connection, the log one line.
+    async def bare_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+        elif scope["path"] == "/ok":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+        elif scope["path"] == "/silent":
+            return  # no answer at all
+        else:
+            await send({"type": "http.response.body", "body": b"no start"})
+
+    url = await nursery.start(functools.partial(gateway.serve, make_settings(backend.url), app=bare_app))  # type: ignore[arg-type]
+    for attempt in range(5):
+        for path in (b"/broken", b"/silent"):
+            status, headers, _ = split_response(await exchange(url, b"GET %b HTTP/1.1\r\nHost: x\r\n\r\n" % path))
+            assert (status, headers[b"connection"]) == (500, b"close"), (attempt, path)
+        assert (await client.get(url + "/ok")).text == "ok", attempt
+    failures = [r for r in caplog.records if "the app failed on one request (RuntimeError)" in r.getMessage()]
+    assert [r.exc_info for r in failures] == [None] * 5
 
 
 # --- Connection: close, HTTP/1.0 ------------------------------------------------------------

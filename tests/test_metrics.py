@@ -209,13 +209,13 @@ async def test_backend_errors_are_counted_by_kind_and_unserved_model_names_stay_
 
 async def test_labels_are_route_templates_and_known_methods_whatever_the_client_sends(gateway_url, client):
     missing = await client.get(gateway_url + "/v1/responses/resp_secret123")
-    brewed = await client.request("BREW", gateway_url + "/health")
+    brewed = await client.request("PURGE", gateway_url + "/health")  # a method HTTP knows and the gateway does not
     assert (missing.status_code, brewed.status_code) == (404, 405)
     m = await scrape(client, gateway_url)
     requests = "gateway_http_requests_total"
     assert value(m, requests, route="/v1/responses/{id}", method="GET", status="404", key="anonymous") == 1
     assert value(m, requests, route="/health", method=OTHER, status="405", key="anonymous") == 1
-    assert not {"resp_secret123", "/v1/responses/resp_secret123", "BREW"} & label_values(m)
+    assert not {"resp_secret123", "/v1/responses/resp_secret123", "PURGE"} & label_values(m)
 
 
 def test_model_labels_are_capped_and_a_hook_never_raises():
