@@ -39,7 +39,7 @@ def test_profile_samples_are_grouped_by_the_layer_that_spent_them():
             "upstream read (httptools, SSE and JSON decoding)": 0.20,
             "translation (translator, session, turn)": 0.25,
             "event encoding (orjson, SSE frames)": 0.05,
-            "client write (body loop, quart, hypercorn, h11)": 0.10,  # trio's channel, on the writer's account
+            "client write (body loop, the HTTP server, quart)": 0.10,  # trio's channel, on the writer's account
             "store (record, SQLite)": 0.10,
         }
     )

@@ -785,7 +785,7 @@ _LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("upstream read (httptools, SSE and JSON decoding)", ("backends/", "streams/chunks.py", "streams/sse.py")),
     ("translation (translator, session, turn)", ("streams/", "turn/")),
     ("store (record, SQLite)", ("store/", "sqlite3", "zstandard")),
-    ("client write (body loop, quart, hypercorn, h11)", ("transport/", "gateway/app.py:_send_response", "quart", "hypercorn", "h11")),
+    ("client write (body loop, the HTTP server, quart)", ("transport/", "gateway/http11.py", "gateway/app.py:_send_response", "quart", "hypercorn", "h11", "wsproto")),
     ("request handling (edge, parse, keys, metrics)", ("gateway/", "werkzeug", "pydantic", "prometheus_client", "opentelemetry")),
 ]
 _SCHEDULER = "trio's scheduler and I/O polling"
