@@ -564,7 +564,8 @@ class _Exchange:
                 body.clear()
                 if self.request_complete:
                     self.body_said = True
-                await trio.lowlevel.checkpoint()
+                # No checkpoint: bytes already read are handed over at once (each read before
+                # them waited for the socket, so a flood of body still yields once per read).
                 return {"type": "http.request", "body": data, "more_body": not self.body_said}
             if connection.read_over or self.complete:
                 await trio.lowlevel.checkpoint()
