@@ -85,7 +85,7 @@ from hypercorn.utils import (
 from .app import GatewayApp, create_app
 from .config import ConfigError, Settings
 from .edge import is_failure
-from .http11 import PlainServer, Replayed
+from .http11 import PlainServer, Replayed, acquire
 from .transport.coalesce import current_batch
 
 __all__ = ["StartupError", "hypercorn_config", "run", "serve"]
@@ -444,17 +444,26 @@ async def _serve_connections(
 
 
 async def _serve_plain(plain: PlainServer, connections: _OpenConnections, stream: trio.SocketStream) -> None:
-    """One plain connection; a failure of the server's own code ends that connection only."""
-    connections.opened()
-    try:
+    with _one_connection(connections):
         await plain.serve(stream)
+
+
+@contextlib.contextmanager
+def _one_connection(connections: _OpenConnections | None) -> Iterator[None]:
+    """A connection counted while it is open (None: counted elsewhere); a failure of the
+    server's own code on it ends that connection only, not every connection of the process."""
+    if connections is not None:
+        connections.opened()
+    try:
+        yield
     except BaseException as exc:
         if not is_failure(exc):
             raise
         log.error("the HTTP server failed on one connection (%s); it is closed", type(exc).__name__)
         log.debug("connection failure", exc_info=exc)
     finally:
-        connections.closed()
+        if connections is not None:
+            connections.closed()
 
 
 class _OpenConnections:
@@ -533,18 +542,8 @@ class _GatewayTCPServer(TCPServer):
         # (an h11 LocalProtocolError, say) escape into the nursery that serves
         # every connection, ending the process.  It ends this connection only.
         # (A connection handed over by the plain server is counted there.)
-        if self._connections is not None:
-            self._connections.opened()
-        try:
+        with _one_connection(self._connections):
             await super().run()
-        except BaseException as exc:
-            if not is_failure(exc):
-                raise
-            log.error("the HTTP server failed on one connection (%s); it is closed", type(exc).__name__)
-            log.debug("connection failure", exc_info=exc)
-        finally:
-            if self._connections is not None:
-                self._connections.closed()
 
     async def protocol_send(self, event: Any) -> None:
         if not (isinstance(event, RawData) and isinstance(self.stream, (trio.SocketStream, Replayed))):
@@ -569,10 +568,7 @@ class _GatewayTCPServer(TCPServer):
         # response), but bounded by progress, so a slow reader is cut only when it stops.
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled sender writes nothing (no yield otherwise)
         lock = self.send_lock
-        try:
-            lock.acquire_nowait()
-        except trio.WouldBlock:
-            await lock.acquire()
+        await acquire(lock)
         try:
             socket_ = self.stream.socket
             sent = 0
