@@ -17,7 +17,9 @@ import trio
 
 from gateway.lab import loadtest
 from gateway.lab import floor
-from gateway.lab.bench import PATHS, Bench, Placement, Row, Spread, _path_rows, profile_layers, render, render_reproduction, reproduced
+from gateway.lab.bench import (
+    PATHS, Bench, Placement, Row, Spread, _path_rows, _Scenario, _spread, profile_layers, render, render_reproduction, reproduced,
+)
 from gateway.lab.simulator import SimConfig, Simulator
 from gateway.lab.loadtest import ApiKind, LoadConfig, LoadReport, RequestResult, ServerUsage
 
@@ -227,3 +229,40 @@ def test_a_later_run_reproduces_a_row_when_its_median_lies_within_the_earlier_ra
         "- outside: ratio, c=1: 1.7 against [1.5 to 1.6]",
     ]
     assert "figure" not in render(later).splitlines()[0]  # the table keeps its seven columns
+
+
+async def test_the_scenarios_rounds_take_turns_over_the_whole_run_and_their_rows_keep_their_order(tmp_path: pathlib.Path):
+    bench = Bench(tmp_path, 1.0, quick=True, rounds=3)
+    calls: list[str] = []
+
+    class Recorded(_Scenario):
+        def __init__(self, name: str) -> None:
+            super().__init__(bench)
+            self.name = name
+
+        async def open(self, stack) -> None:
+            calls.append(f"open {self.name}")
+            stack.callback(calls.append, f"close {self.name}")
+
+        async def round(self, round_: int) -> None:
+            calls.append(f"{self.name} r{round_}")
+
+        async def after(self) -> None:
+            calls.append(f"after {self.name}")
+
+        def rows(self) -> None:
+            bench.row(self.name, "", "", "", "", "", "")
+
+    await _spread(bench, [Recorded("latency"), Recorded("paths"), Recorded("floors")])
+
+    # Every process up first, then round 1 of each scenario, round 2 of each...: a drift of the
+    # machine while the bench runs reaches every scenario's rounds alike.
+    assert calls == [
+        "open latency", "open paths", "open floors",
+        "latency r0", "paths r0", "floors r0",
+        "latency r1", "paths r1", "floors r1",
+        "latency r2", "paths r2", "floors r2",
+        "after latency", "after paths", "after floors",
+        "close floors", "close paths", "close latency",
+    ]
+    assert [row.scenario for row in bench.rows] == ["latency", "paths", "floors"]

@@ -7,7 +7,8 @@ all measured in the same run.  Results also go to `bench-results/` as JSON
 and a self-contained HTML page per scenario.
 
 Every comparison runs in interleaved rounds (the simulator direct, then the
-gateway, round after round) and reports the median with the range: every path
+gateway, round after round; the scenarios' rounds take turns over the whole
+run, `_spread`) and reports the median with the range: every path
 a client uses (streamed, JSON and WebSocket Responses, chat completions relayed
 and with the session, Messages) at c=1 and c=50, a paced load like a batched
 model server's, and the floor (`floor.py`, a bare trio relay) on that load.
@@ -341,14 +342,16 @@ async def run_bench(
     bench = Bench(out, duration, quick, rounds=max(ROUNDS, rounds))
     PLACEMENT = Placement.of_this_machine() if pin else Placement(None, None, len(_cores()) or os.cpu_count() or 1)
     PLACEMENT.pin(0, PLACEMENT.tools)  # this process runs the load generator
-    if only in ("all", "throughput", "latency"):
-        await _paced_latency_scenario(bench, pin)
+    floors = only in ("all", "throughput", "floor")
+    latency = _LatencyScenario(bench, pin, gateway=only in ("all", "throughput", "latency"), floors=floors)
+    scenarios: list[_Scenario] = [latency] if latency.measured else []
     if only in ("all", "throughput", "paths"):
-        await _paths_scenario(bench)
+        scenarios.append(_PathsScenario(bench))
     if only in ("all", "throughput", "paced"):
-        await _paced_scenario(bench)
-    if only in ("all", "throughput", "floor"):
-        await _floor_scenario(bench, pin)
+        scenarios.append(_PacedScenario(bench))
+    if floors:
+        scenarios.append(_FloorScenario(bench, latency))
+    await _spread(bench, scenarios)
     if only == "all":
         await _workers_scenario(bench)
     if only in ("all", "shared"):
@@ -414,29 +417,84 @@ async def _keyed_store() -> AsyncIterator[tuple[dict[str, str], dict[str, str]]]
         yield keys, env
 
 
-async def _paths_scenario(bench: Bench, concurrencies: Sequence[int] = (1, 50)) -> None:
+class _Scenario:
+    """A comparison whose rounds the bench spreads over the whole run (`_spread`): its processes
+    start once and stay up (`open`), its rounds take turns with every other scenario's
+    (`round`), then what follows the last round (`after`: a profile), then its rows from all
+    its rounds (`rows`).  A machine that drifts while the bench runs (a neighbour's load, a
+    warming host) moves every scenario's rounds alike, so that each median is the whole run's,
+    not that of the minutes when its scenario happened to run."""
+
+    name = ""
+
+    def __init__(self, bench: Bench) -> None:
+        self.bench = bench
+
+    async def open(self, stack: contextlib.AsyncExitStack) -> None:
+        raise NotImplementedError
+
+    async def round(self, round_: int) -> None:
+        raise NotImplementedError
+
+    async def after(self) -> None:
+        pass
+
+    def rows(self) -> None:
+        raise NotImplementedError
+
+
+async def _spread(bench: Bench, scenarios: Sequence[_Scenario]) -> None:
+    """Every scenario's processes up, then round after round each scenario's round in turn,
+    then every scenario's rows in order."""
+    async with contextlib.AsyncExitStack() as stack:
+        for scenario in scenarios:
+            print(f"  starting {scenario.name} ...", flush=True)
+            await scenario.open(stack)
+        for round_ in range(bench.rounds):
+            for scenario in scenarios:
+                await scenario.round(round_)
+        for scenario in scenarios:
+            await scenario.after()
+    for scenario in scenarios:
+        scenario.rows()
+
+
+class _PathsScenario(_Scenario):
     """Every path a client uses, on the 200-chunk burst, at c=1 and c=50, SQLite store on and
     keys required: the gateway's CPU per response, and its throughput as a share of the
     simulator's (streamed or JSON, as the path answers)."""
-    runs: dict[tuple[str, int], list[LoadReport]] = {}
-    async with _keyed_store() as (keys, env), _simulator(tokens=200) as (sim_url, sim_proc):
-        async with _gateway(sim_url, extra=env) as (gw_url, gw_proc):
-            for path in PATHS:  # warm every path (connections, caches, the store's tables)
-                await _checked(path.name, run_load(path.config(gw_url, 4, 1.0, keys, requests=40)))
-            for round_ in range(bench.rounds):
-                for concurrency in concurrencies:
-                    for direct in ("stream", "json"):
-                        config = LoadConfig(
-                            url=sim_url, api="chat", stream=direct == "stream", concurrency=concurrency, duration=bench.duration
-                        )
-                        report = await bench.load(f"direct-{direct}-c{concurrency}-r{round_}", config, [sim_proc.pid])
-                        runs.setdefault((f"direct-{direct}", concurrency), []).append(report)
-                    for path in PATHS:
-                        config = path.config(gw_url, concurrency, bench.duration, keys)
-                        report = await bench.load(f"{_slug(path.name)}-c{concurrency}-r{round_}", config, [gw_proc.pid])
-                        runs.setdefault((path.name, concurrency), []).append(report)
-    for concurrency in concurrencies:
-        _path_rows(bench, runs, concurrency)
+
+    name = "every path"
+
+    def __init__(self, bench: Bench, concurrencies: Sequence[int] = (1, 50)) -> None:
+        super().__init__(bench)
+        self.concurrencies = concurrencies
+        self.runs: dict[tuple[str, int], list[LoadReport]] = {}
+
+    async def open(self, stack: contextlib.AsyncExitStack) -> None:
+        self.keys, env = await stack.enter_async_context(_keyed_store())
+        self.sim_url, self.sim = await stack.enter_async_context(_simulator(tokens=200))
+        self.gw_url, self.gw = await stack.enter_async_context(_gateway(self.sim_url, extra=env))
+        for path in PATHS:  # warm every path (connections, caches, the store's tables)
+            await _checked(path.name, run_load(path.config(self.gw_url, 4, 1.0, self.keys, requests=40)))
+
+    async def round(self, round_: int) -> None:
+        bench = self.bench
+        for concurrency in self.concurrencies:
+            for direct in ("stream", "json"):
+                config = LoadConfig(
+                    url=self.sim_url, api="chat", stream=direct == "stream", concurrency=concurrency, duration=bench.duration
+                )
+                report = await bench.load(f"direct-{direct}-c{concurrency}-r{round_}", config, [self.sim.pid])
+                self.runs.setdefault((f"direct-{direct}", concurrency), []).append(report)
+            for path in PATHS:
+                config = path.config(self.gw_url, concurrency, bench.duration, self.keys)
+                report = await bench.load(f"{_slug(path.name)}-c{concurrency}-r{round_}", config, [self.gw.pid])
+                self.runs.setdefault((path.name, concurrency), []).append(report)
+
+    def rows(self) -> None:
+        for concurrency in self.concurrencies:
+            _path_rows(self.bench, self.runs, concurrency)
 
 
 def _path_rows(bench: Bench, runs: dict[tuple[str, int], list[LoadReport]], concurrency: int) -> None:
@@ -549,53 +607,72 @@ class Spread:
         return self.plain(2, "ms")
 
 
-async def _paced_scenario(bench: Bench) -> None:
+class _PacedScenario(_Scenario):
     """50 streams, each chunk its own upstream write 20 ms apart (a 100-token reply lasts 2 s),
     SQLite store on and keys required: the gateway's CPU per relayed event (the row the target
     applies to) and the time it adds to each event, against the simulator direct, round after
-    round; then the same load under py-spy, CPU per event by layer."""
-    seconds = max(bench.duration, 3 * PACED_STEP * PACED_TOKENS)
-    via_runs: list[LoadReport] = []
-    direct_runs: list[LoadReport] = []
-    async with _keyed_store() as (keys, env), _simulator(tokens=200) as (sim_url, sim_proc):
-        async with _gateway(sim_url, extra=env) as (gw_url, gw_proc):
-            gateway = HOT.config(gw_url, PACED_STREAMS, seconds, keys, model=PACED_MODEL)
-            direct = LoadConfig(url=sim_url, api="chat", model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds)
-            await _checked("paced", run_load(dataclasses.replace(gateway, duration=None, requests=PACED_STREAMS)))
-            for round_ in range(bench.rounds):
-                direct_runs.append(await bench.load(f"paced-direct-r{round_}", direct, [sim_proc.pid]))
-                via_runs.append(await bench.load(f"paced-gateway-r{round_}", gateway, [gw_proc.pid]))
-            per_event = Spread([_event_us(r) for r in via_runs])
-            to_simulator = Spread([_cpu_ratio(v, d, per_event=True) for v, d in zip(via_runs, direct_runs)])
-            failed = sum(r.requests_failed for r in via_runs)
-            bench.row(
-                f"CPU per relayed event, paced: {PACED_STREAMS} streams, a chunk per write {PACED_STEP * 1000:.0f} ms apart"
-                + (f" ({failed} failed)" if failed else ""),
-                "CPU µs per event",
-                per_event.plain(1, "µs"),
-                f"{_per_event(direct_runs)} (simulator)",
-                f"{to_simulator.plain(2)}×",
-                f"≤ {PACED_EVENT_CPU_TARGET_US:g} µs",
-                _met(per_event.median <= PACED_EVENT_CPU_TARGET_US and not failed),
-                figure=to_simulator,
-            )
-            for what, measure in (("first text delta", "time_to_first_text_ms"), ("last event", "total_latency_ms")):
-                for q in ("p50", "p99"):
-                    added = Spread([_added(v, d, measure, q) for v, d in zip(via_runs, direct_runs)])
-                    bench.row(
-                        f"time added to each event, paced, c={PACED_STREAMS}: the {what} ({q})",
-                        "added by the gateway",
-                        added.plain(2, "ms", signed=True),
-                        "",
-                        "",
-                        "",
-                        "",
-                        figure=added,
-                    )
-            await _profile_scenario(bench, gateway, gw_proc.pid, per_event.median, "paced")
+    round; after the last round, the same load under py-spy, CPU per event by layer."""
+
+    name = "the paced load"
+
+    def __init__(self, bench: Bench) -> None:
+        super().__init__(bench)
+        self.via: list[LoadReport] = []
+        self.direct: list[LoadReport] = []
+        self.profile: list[Row] = []  # the profile's rows, written after the paced ones
+
+    async def open(self, stack: contextlib.AsyncExitStack) -> None:
+        seconds = max(self.bench.duration, 3 * PACED_STEP * PACED_TOKENS)
+        keys, env = await stack.enter_async_context(_keyed_store())
+        sim_url, self.sim = await stack.enter_async_context(_simulator(tokens=200))
+        gw_url, self.gw = await stack.enter_async_context(_gateway(sim_url, extra=env))
+        self.gateway = HOT.config(gw_url, PACED_STREAMS, seconds, keys, model=PACED_MODEL)
+        self.direct_config = LoadConfig(url=sim_url, api="chat", model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds)
+        await _checked("paced", run_load(dataclasses.replace(self.gateway, duration=None, requests=PACED_STREAMS)))
+
+    async def round(self, round_: int) -> None:
+        self.direct.append(await self.bench.load(f"paced-direct-r{round_}", self.direct_config, [self.sim.pid]))
+        self.via.append(await self.bench.load(f"paced-gateway-r{round_}", self.gateway, [self.gw.pid]))
+
+    async def after(self) -> None:
+        rows = self.bench.rows
+        before = len(rows)
+        await _profile_scenario(self.bench, self.gateway, self.gw.pid, Spread([_event_us(r) for r in self.via]).median, "paced")
+        self.profile, rows[before:] = rows[before:], []
+
+    def rows(self) -> None:
+        bench, via_runs, direct_runs = self.bench, self.via, self.direct
+        per_event = Spread([_event_us(r) for r in via_runs])
+        to_simulator = Spread([_cpu_ratio(v, d, per_event=True) for v, d in zip(via_runs, direct_runs)])
+        failed = sum(r.requests_failed for r in via_runs)
+        bench.row(
+            f"CPU per relayed event, paced: {PACED_STREAMS} streams, a chunk per write {PACED_STEP * 1000:.0f} ms apart"
+            + (f" ({failed} failed)" if failed else ""),
+            "CPU µs per event",
+            per_event.plain(1, "µs"),
+            f"{_per_event(direct_runs)} (simulator)",
+            f"{to_simulator.plain(2)}×",
+            f"≤ {PACED_EVENT_CPU_TARGET_US:g} µs",
+            _met(per_event.median <= PACED_EVENT_CPU_TARGET_US and not failed),
+            figure=to_simulator,
+        )
+        for what, measure in (("first text delta", "time_to_first_text_ms"), ("last event", "total_latency_ms")):
+            for q in ("p50", "p99"):
+                added = Spread([_added(v, d, measure, q) for v, d in zip(via_runs, direct_runs)])
+                bench.row(
+                    f"time added to each event, paced, c={PACED_STREAMS}: the {what} ({q})",
+                    "added by the gateway",
+                    added.plain(2, "ms", signed=True),
+                    "",
+                    "",
+                    "",
+                    "",
+                    figure=added,
+                )
+        bench.rows += self.profile
 
 
-async def _paced_latency_scenario(bench: Bench, pin: bool) -> None:
+class _LatencyScenario(_Scenario):
     """What the gateway adds to the first text delta at c=1, on a stream paced like a fast model.
 
     The tokens come 5 ms apart (200 tokens/s).  On the 200-chunk burst the
@@ -606,34 +683,81 @@ async def _paced_latency_scenario(bench: Bench, pin: bool) -> None:
     read with, and one paced stream at a time is light enough for the tools
     to share one core, so from two cores up the gateway gets a core of its
     own.  SQLite store on and keys required, as on every path.
+
+    With `floors`, the floors (`floor.py`, see `_FloorScenario`) are measured in the same
+    rounds, on the same simulator and placement: each round runs the simulator direct, the
+    gateway and the floors one after the other, so that the gateway's row and its floors'
+    rows come from the same minutes.
     """
-    placement = Placement.for_light_load(_cores()) if pin else PLACEMENT
-    via_runs: list[LoadReport] = []
-    direct_runs: list[LoadReport] = []
-    with _placed(placement):
-        async with _keyed_store() as (keys, env), _simulator(tokens=_PACED_TOKENS, delay=_PACED_DELAY) as (sim_url, sim_proc):
-            async with _gateway(sim_url, extra=env) as (gw_url, gw_proc):
-                gateway = HOT.config(gw_url, 1, bench.duration, keys)
-                direct = LoadConfig(url=sim_url, api="chat", concurrency=1, duration=bench.duration)
-                await _checked("c=1", run_load(dataclasses.replace(gateway, duration=None, requests=20)))
-                for round_ in range(bench.rounds):
-                    direct_runs.append(await bench.load(f"direct-c1-paced-r{round_}", direct, [sim_proc.pid]))
-                    via_runs.append(await bench.load(f"gateway-c1-paced-r{round_}", gateway, [gw_proc.pid]))
-    where = ""
-    if placement is not PLACEMENT and placement.tools is not None and placement.gateway is not None:
-        where = f"; tools on core {min(placement.tools)}, gateway on {', '.join(map(str, sorted(placement.gateway)))}"
-    for q, target in (("p50", FIRST_DELTA_TARGET_MS["p50"]), ("p99", FIRST_DELTA_TARGET_MS["p99"])):
-        added = Spread([_added(v, d, "time_to_first_text_ms", q) for v, d in zip(via_runs, direct_runs)])
-        bench.row(
-            f"time to first text delta, c=1, tokens {_PACED_DELAY * 1000:.0f} ms apart{where} ({q})",
-            "added by the gateway",
-            added.plain(2, "ms", signed=True),
-            Spread([getattr(d.time_to_first_text_ms, q) or 0.0 for d in direct_runs]).ms() + " direct",
-            "",
-            f"≤ {target:g} ms",
-            _met(added.median <= target),
-            figure=added,
-        )
+
+    name = "the first text delta at c=1"
+
+    def __init__(self, bench: Bench, pin: bool, *, gateway: bool = True, floors: bool = False) -> None:
+        super().__init__(bench)
+        self.placement = Placement.for_light_load(_cores()) if pin else PLACEMENT
+        self.measured = (["gateway"] if gateway else []) + ([server for server, _ in FLOORS] if floors else [])
+        self.runs: dict[str, list[LoadReport]] = {}
+
+    async def open(self, stack: contextlib.AsyncExitStack) -> None:
+        with _placed(self.placement) as placement:
+            sim_url, sim = await stack.enter_async_context(_simulator(tokens=_PACED_TOKENS, delay=_PACED_DELAY))
+            self.configs: list[tuple[str, LoadConfig, int]] = [
+                ("direct", LoadConfig(url=sim_url, api="chat", concurrency=1, duration=self.bench.duration), sim.pid)
+            ]
+            for name in self.measured:
+                if name == "gateway":
+                    keys, env = await stack.enter_async_context(_keyed_store())
+                    url, proc = await stack.enter_async_context(_gateway(sim_url, extra=env))
+                    config = HOT.config(url, 1, self.bench.duration, keys)
+                else:
+                    url, proc = await stack.enter_async_context(_floor(name, sim_url, placement.gateway))
+                    config = LoadConfig(url=url, concurrency=1, duration=self.bench.duration)
+                await _checked(f"c=1 {name}", run_load(dataclasses.replace(config, duration=None, requests=20)))
+                self.configs.append((name, config, proc.pid))
+
+    async def round(self, round_: int) -> None:
+        with _placed(self.placement):
+            for name, config, pid in self.configs:
+                label = f"{name}-c1-paced-r{round_}" if name in ("direct", "gateway") else f"floor-{name}-c1-paced-r{round_}"
+                self.runs.setdefault(name, []).append(await self.bench.load(label, config, [pid]))
+
+    def rows(self) -> None:
+        if "gateway" not in self.measured:
+            return
+        placement, via_runs, direct_runs = self.placement, self.runs["gateway"], self.runs["direct"]
+        where = ""
+        if placement is not PLACEMENT and placement.tools is not None and placement.gateway is not None:
+            where = f"; tools on core {min(placement.tools)}, gateway on {', '.join(map(str, sorted(placement.gateway)))}"
+        for q, target in (("p50", FIRST_DELTA_TARGET_MS["p50"]), ("p99", FIRST_DELTA_TARGET_MS["p99"])):
+            added = Spread([_added(v, d, "time_to_first_text_ms", q) for v, d in zip(via_runs, direct_runs)])
+            self.bench.row(
+                f"time to first text delta, c=1, tokens {_PACED_DELAY * 1000:.0f} ms apart{where} ({q})",
+                "added by the gateway",
+                added.plain(2, "ms", signed=True),
+                Spread([getattr(d.time_to_first_text_ms, q) or 0.0 for d in direct_runs]).ms() + " direct",
+                "",
+                f"≤ {target:g} ms",
+                _met(added.median <= target),
+                figure=added,
+            )
+
+    def floor_rows(self) -> None:
+        """The floors' rows (written with the other floors')."""
+        for server, what in FLOORS:
+            if server not in self.runs:
+                continue
+            for q in ("p50", "p99"):
+                added = Spread([_added(v, d, "time_to_first_text_ms", q) for v, d in zip(self.runs[server], self.runs["direct"])])
+                self.bench.row(
+                    f"floor: {what}, time to first text delta, c=1, tokens {_PACED_DELAY * 1000:.0f} ms apart ({q})",
+                    "added by the relay",
+                    added.plain(2, "ms", signed=True),
+                    Spread([getattr(d.time_to_first_text_ms, q) or 0.0 for d in self.runs["direct"]]).ms() + " direct",
+                    "",
+                    f"≤ {FIRST_DELTA_TARGET_MS[q]:g} ms (the gateway's)",
+                    "floor above" if added.median > FIRST_DELTA_TARGET_MS[q] else "",
+                    figure=added,
+                )
 
 
 _PACED_TOKENS = 10
@@ -654,22 +778,53 @@ async def _floor(server: str, sim_url: str, cores: set[int] | None) -> AsyncIter
         yield url, process
 
 
-async def _floor_scenario(bench: Bench, pin: bool = True) -> None:
+class _FloorScenario(_Scenario):
     """The floors: what a relay costs that does none of the gateway's work (`gateway.lab.floor`:
     one SSE frame out per chunk in, no parsing, translation, store, keys or framework), on raw
     trio sockets and as a bare ASGI app under hypercorn, measured the same way as the gateway
-    on each load a target applies to: CPU per event on the paced load, the time added to the
-    first text delta at c=1, the share of the simulator's throughput on the burst at c=50, and
-    WebSocket messages against SSE on hypercorn.  No Python relay on this stack does better;
-    the gap between a floor and the gateway is what the gateway's layers cost."""
-    seconds = max(bench.duration, 3 * PACED_STEP * PACED_TOKENS)
-    async with _simulator(tokens=200) as (sim_url, sim_proc):
+    on each load a target applies to: CPU per event on the paced load, the share of the
+    simulator's throughput on the burst at c=50, WebSocket messages against SSE on hypercorn,
+    and (`latency`, measured in its rounds) the time added to the first text delta at c=1.
+    No Python relay on this stack does better; the gap between a floor and the gateway is
+    what the gateway's layers cost."""
+
+    name = "the floors"
+
+    def __init__(self, bench: Bench, latency: _LatencyScenario) -> None:
+        super().__init__(bench)
+        self.latency = latency
+        self.runs: dict[str, list[LoadReport]] = {}
+
+    async def open(self, stack: contextlib.AsyncExitStack) -> None:
+        seconds = max(self.bench.duration, 3 * PACED_STEP * PACED_TOKENS)
+        sim_url, sim = await stack.enter_async_context(_simulator(tokens=200))
+        trio_url, trio_proc = await stack.enter_async_context(_floor("trio", sim_url, PLACEMENT.gateway))
+        hyper_url, hyper_proc = await stack.enter_async_context(_floor("hypercorn", sim_url, PLACEMENT.gateway))
+        for url in (trio_url, hyper_url):
+            paced = LoadConfig(url=url, model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds)
+            await _checked("floor", run_load(dataclasses.replace(paced, duration=None, requests=PACED_STREAMS)))
+            await _checked("floor", run_load(LoadConfig(url=url, concurrency=4, requests=40)))
+        await _checked("floor", run_load(LoadConfig(url=hyper_url, websocket=True, concurrency=4, requests=40)))
+        duration = self.bench.duration
+        self.configs = (
+            ("trio-paced", LoadConfig(url=trio_url, model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds), trio_proc.pid),
+            ("hypercorn-paced", LoadConfig(url=hyper_url, model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds), hyper_proc.pid),
+            ("direct", LoadConfig(url=sim_url, api="chat", concurrency=50, duration=duration), sim.pid),
+            ("trio", LoadConfig(url=trio_url, concurrency=50, duration=duration), trio_proc.pid),
+            ("hypercorn", LoadConfig(url=hyper_url, concurrency=50, duration=duration), hyper_proc.pid),
+            ("hypercorn-c1", LoadConfig(url=hyper_url, concurrency=1, duration=duration), hyper_proc.pid),
+            ("websocket-c1", LoadConfig(url=hyper_url, websocket=True, concurrency=1, duration=duration), hyper_proc.pid),
+        )
+
+    async def round(self, round_: int) -> None:
+        for name, config, pid in self.configs:
+            label = f"floor-{name.removesuffix('-paced')}-paced-r{round_}" if name.endswith("-paced") else f"floor-{name}-burst-r{round_}"
+            self.runs.setdefault(name, []).append(await self.bench.load(label, config, [pid]))
+
+    def rows(self) -> None:
+        bench, runs = self.bench, self.runs
         for server, what in FLOORS:
-            async with _floor(server, sim_url, PLACEMENT.gateway) as (url, proc):
-                config = LoadConfig(url=url, model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds)
-                await _checked("floor", run_load(dataclasses.replace(config, duration=None, requests=PACED_STREAMS)))
-                paced = [await bench.load(f"floor-{server}-paced-r{round_}", config, [proc.pid]) for round_ in range(bench.rounds)]
-            per_event = Spread([_event_us(r) for r in paced])
+            per_event = Spread([_event_us(r) for r in runs[f"{server}-paced"]])
             bench.row(
                 f"floor: {what}, paced, c={PACED_STREAMS} (no parsing, translation, store or keys)",
                 "CPU µs per event",
@@ -680,77 +835,30 @@ async def _floor_scenario(bench: Bench, pin: bool = True) -> None:
                 "floor above" if per_event.median > PACED_EVENT_CPU_TARGET_US else "",
                 figure=per_event,
             )
-        # The burst at c=50, and on hypercorn a WebSocket turn per message against SSE.
-        async with _floor("trio", sim_url, PLACEMENT.gateway) as (trio_url, trio_proc), _floor(
-            "hypercorn", sim_url, PLACEMENT.gateway
-        ) as (hyper_url, hyper_proc):
-            for url in (trio_url, hyper_url):
-                await _checked("floor", run_load(LoadConfig(url=url, concurrency=4, requests=40)))
-            await _checked("floor", run_load(LoadConfig(url=hyper_url, websocket=True, concurrency=4, requests=40)))
-            runs: dict[str, list[LoadReport]] = {}
-            for round_ in range(bench.rounds):
-                for name, config, pid in (
-                    ("direct", LoadConfig(url=sim_url, api="chat", concurrency=50, duration=bench.duration), sim_proc.pid),
-                    ("trio", LoadConfig(url=trio_url, concurrency=50, duration=bench.duration), trio_proc.pid),
-                    ("hypercorn", LoadConfig(url=hyper_url, concurrency=50, duration=bench.duration), hyper_proc.pid),
-                    ("hypercorn-c1", LoadConfig(url=hyper_url, concurrency=1, duration=bench.duration), hyper_proc.pid),
-                    ("websocket-c1", LoadConfig(url=hyper_url, websocket=True, concurrency=1, duration=bench.duration), hyper_proc.pid),
-                ):
-                    runs.setdefault(name, []).append(await bench.load(f"floor-{name}-burst-r{round_}", config, [pid]))
-    for server, what in FLOORS:
-        share = Spread([_share(v, d) for v, d in zip(runs[server], runs["direct"])])
-        bench.row(
-            f"floor: {what}, 200-chunk burst, c=50",
-            "CPU per response; responses/s; share of direct",
-            _cpu_and_rate(runs[server]),
-            _cpu_and_rate(runs["direct"]),
-            share.plain(2),
-            f"≥ {BURST_THROUGHPUT_TARGET:.2f} / ≥ {RELAY_THROUGHPUT_TARGET:.2f} (the gateway's)",
-            "floor below" if share.median < RELAY_THROUGHPUT_TARGET else "",
-            figure=share,
-        )
-    ratio = Spread([_cpu_ratio(w, h, per_event=False) for w, h in zip(runs["websocket-c1"], runs["hypercorn-c1"])])
-    bench.row(
-        "floor: WebSocket turns on hypercorn (a message per event) against its SSE, 200-chunk burst, c=1",
-        "CPU per response",
-        _cpu(runs["websocket-c1"]),
-        _cpu(runs["hypercorn-c1"]) + " (SSE)",
-        f"{ratio.plain(2)}×",
-        f"≤ {TRANSPORT_CPU_RATIO_TARGET:g}× (the gateway's)",
-        "floor above" if ratio.median > TRANSPORT_CPU_RATIO_TARGET else "",
-        figure=ratio,
-    )
-    await _floor_latency(bench, pin)
-
-
-async def _floor_latency(bench: Bench, pin: bool) -> None:
-    """The floors' first text delta at c=1, on the stream and the placement of the gateway's row."""
-    placement = Placement.for_light_load(_cores()) if pin else PLACEMENT
-    runs: dict[str, list[LoadReport]] = {}
-    with _placed(placement):
-        async with _simulator(tokens=_PACED_TOKENS, delay=_PACED_DELAY) as (sim_url, sim_proc):
-            async with _floor("trio", sim_url, placement.gateway) as (trio_url, trio_proc), _floor(
-                "hypercorn", sim_url, placement.gateway
-            ) as (hyper_url, hyper_proc):
-                for url in (trio_url, hyper_url):
-                    await _checked("floor", run_load(LoadConfig(url=url, concurrency=1, requests=20)))
-                for round_ in range(bench.rounds):
-                    for name, url, pid in (("direct", sim_url, sim_proc.pid), ("trio", trio_url, trio_proc.pid), ("hypercorn", hyper_url, hyper_proc.pid)):
-                        config = LoadConfig(url=url, api="chat" if name == "direct" else "responses", concurrency=1, duration=bench.duration)
-                        runs.setdefault(name, []).append(await bench.load(f"floor-{name}-c1-paced-r{round_}", config, [pid]))
-    for server, what in FLOORS:
-        for q in ("p50", "p99"):
-            added = Spread([_added(v, d, "time_to_first_text_ms", q) for v, d in zip(runs[server], runs["direct"])])
+        for server, what in FLOORS:
+            share = Spread([_share(v, d) for v, d in zip(runs[server], runs["direct"])])
             bench.row(
-                f"floor: {what}, time to first text delta, c=1, tokens {_PACED_DELAY * 1000:.0f} ms apart ({q})",
-                "added by the relay",
-                added.plain(2, "ms", signed=True),
-                Spread([getattr(d.time_to_first_text_ms, q) or 0.0 for d in runs["direct"]]).ms() + " direct",
-                "",
-                f"≤ {FIRST_DELTA_TARGET_MS[q]:g} ms (the gateway's)",
-                "floor above" if added.median > FIRST_DELTA_TARGET_MS[q] else "",
-                figure=added,
+                f"floor: {what}, 200-chunk burst, c=50",
+                "CPU per response; responses/s; share of direct",
+                _cpu_and_rate(runs[server]),
+                _cpu_and_rate(runs["direct"]),
+                share.plain(2),
+                f"≥ {BURST_THROUGHPUT_TARGET:.2f} / ≥ {RELAY_THROUGHPUT_TARGET:.2f} (the gateway's)",
+                "floor below" if share.median < RELAY_THROUGHPUT_TARGET else "",
+                figure=share,
             )
+        ratio = Spread([_cpu_ratio(w, h, per_event=False) for w, h in zip(runs["websocket-c1"], runs["hypercorn-c1"])])
+        bench.row(
+            "floor: WebSocket turns on hypercorn (a message per event) against its SSE, 200-chunk burst, c=1",
+            "CPU per response",
+            _cpu(runs["websocket-c1"]),
+            _cpu(runs["hypercorn-c1"]) + " (SSE)",
+            f"{ratio.plain(2)}×",
+            f"≤ {TRANSPORT_CPU_RATIO_TARGET:g}× (the gateway's)",
+            "floor above" if ratio.median > TRANSPORT_CPU_RATIO_TARGET else "",
+            figure=ratio,
+        )
+        self.latency.floor_rows()
 
 
 async def _workers_scenario(bench: Bench) -> None:
