@@ -133,23 +133,32 @@ async def test_a_response_cancelled_as_its_status_line_is_sent_never_takes_the_p
     assert not [r for r in caplog.records if "failed on one connection" in r.getMessage()]  # the edge sufficed
 
 
-async def test_a_failure_inside_hypercorns_http_server_ends_its_connection_only(backend, nursery, client, caplog):
-    # Without the edge (any ASGI app), on hypercorn's HTTP/1.1 (HTTP1_SERVER=hypercorn; its
-    # WebSockets and HTTP/2 always): a response start cancelled half-way makes hypercorn's own
-    # cleanup raise h11's LocalProtocolError.
-    async def bare_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+def bare_app(other: Any) -> Any:
+    """An ASGI app without the gateway's edge: the lifespan, `/ok`, and every other path `other`'s."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             await answer_lifespan(receive, send)
         elif scope["path"] == "/ok":
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
             await send({"type": "http.response.body", "body": b"ok"})
         else:
-            with trio.CancelScope() as cut:
-                cut.cancel()
-                await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await other(scope, receive, send)
+
+    return app
+
+
+async def test_a_failure_inside_hypercorns_http_server_ends_its_connection_only(backend, nursery, client, caplog):
+    # Without the edge (any ASGI app), on hypercorn's HTTP/1.1 (HTTP1_SERVER=hypercorn; its
+    # WebSockets and HTTP/2 always): a response start cancelled half-way makes hypercorn's own
+    # cleanup raise h11's LocalProtocolError.
+    async def cut_start(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        with trio.CancelScope() as cut:
+            cut.cancel()
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
 
     settings = make_settings(backend.url, http1_server="hypercorn")
-    url = await nursery.start(functools.partial(gateway.serve, settings, app=bare_app))  # type: ignore[arg-type]
+    url = await nursery.start(functools.partial(gateway.serve, settings, app=bare_app(cut_start)))  # type: ignore[arg-type]
     for attempt in range(5):
         assert await exchange(url, b"GET /cut HTTP/1.1\r\nHost: x\r\n\r\n") == b"", attempt
         assert (await client.get(url + "/ok")).text == "ok", attempt
@@ -161,18 +170,12 @@ async def test_an_app_breaking_the_asgi_protocol_on_the_gateways_http_server_get
 ):
     # Without the edge (any ASGI app), on the gateway's own HTTP/1.1: a body before its start
     # is the app's failure; the client gets a 500 and a closed connection, the log one line.
-    async def bare_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await answer_lifespan(receive, send)
-        elif scope["path"] == "/ok":
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
-            await send({"type": "http.response.body", "body": b"ok"})
-        elif scope["path"] == "/silent":
+    async def body_first(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/silent":
             return  # no answer at all
-        else:
-            await send({"type": "http.response.body", "body": b"no start"})
+        await send({"type": "http.response.body", "body": b"no start"})
 
-    url = await nursery.start(functools.partial(gateway.serve, make_settings(backend.url), app=bare_app))  # type: ignore[arg-type]
+    url = await nursery.start(functools.partial(gateway.serve, make_settings(backend.url), app=bare_app(body_first)))  # type: ignore[arg-type]
     for attempt in range(5):
         for path in (b"/broken", b"/silent"):
             status, headers, _ = split_response(await exchange(url, b"GET %b HTTP/1.1\r\nHost: x\r\n\r\n" % path))
