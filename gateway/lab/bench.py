@@ -619,7 +619,7 @@ class _PacedScenario(_Scenario):
         super().__init__(bench)
         self.via: list[LoadReport] = []
         self.direct: list[LoadReport] = []
-        self.profile: list[Row] = []  # the profile's rows, written after the paced ones
+        self.profile: list[tuple[str, ...]] = []  # the profile's rows, written after the paced ones
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         seconds = max(self.bench.duration, 3 * PACED_STEP * PACED_TOKENS)
@@ -635,10 +635,8 @@ class _PacedScenario(_Scenario):
         self.via.append(await self.bench.load(f"paced-gateway-r{round_}", self.gateway, [self.gw.pid]))
 
     async def after(self) -> None:
-        rows = self.bench.rows
-        before = len(rows)
-        await _profile_scenario(self.bench, self.gateway, self.gw.pid, Spread([_event_us(r) for r in self.via]).median, "paced")
-        self.profile, rows[before:] = rows[before:], []
+        per_event = Spread([_event_us(r) for r in self.via]).median
+        self.profile = await _profile_scenario(self.bench, self.gateway, self.gw.pid, per_event, "paced")
 
     def rows(self) -> None:
         bench, via_runs, direct_runs = self.bench, self.via, self.direct
@@ -669,7 +667,8 @@ class _PacedScenario(_Scenario):
                     "",
                     figure=added,
                 )
-        bench.rows += self.profile
+        for cells in self.profile:
+            bench.row(*cells)
 
 
 class _LatencyScenario(_Scenario):
@@ -941,13 +940,12 @@ def _py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-async def _profile_scenario(bench: Bench, load: LoadConfig, pid: int, per_event_us: float, label: str) -> None:
+async def _profile_scenario(bench: Bench, load: LoadConfig, pid: int, per_event_us: float, label: str) -> list[tuple[str, ...]]:
     """The same load again, under py-spy (sampling, not pausing the gateway): the CPU per event
-    by layer, as shares of `per_event_us`."""
+    by layer, as shares of `per_event_us`: the cells of its rows."""
     spy = _py_spy()
     if spy is None:
-        bench.row(f"profile, {label}: CPU per event by layer", "", "py-spy not installed", "", "", "", "")
-        return
+        return [(f"profile, {label}: CPU per event by layer", "", "py-spy not installed", "", "", "", "")]
     seconds = max(3, int(load.duration or bench.duration) - 1)
     out = bench.out / f"profile-{label}.txt"
     async with trio.open_nursery() as nursery:  # the load and the profiler, side by side
@@ -959,10 +957,11 @@ async def _profile_scenario(bench: Bench, load: LoadConfig, pid: int, per_event_
             capture_stdout=True, capture_stderr=True, check=False,
         )
     if result.returncode != 0 or not out.exists():
-        bench.row(f"profile, {label}: CPU per event by layer", "", "py-spy could not attach", "", "", "", "")
-        return
-    for layer, share in profile_layers(out.read_text()).items():
-        bench.row(f"profile, {label}: {layer}", "CPU µs per event", f"{share * per_event_us:.2f} µs", "", f"{share:.0%}", "", "")
+        return [(f"profile, {label}: CPU per event by layer", "", "py-spy could not attach", "", "", "", "")]
+    return [
+        (f"profile, {label}: {layer}", "CPU µs per event", f"{share * per_event_us:.2f} µs", "", f"{share:.0%}", "", "")
+        for layer, share in profile_layers(out.read_text()).items()
+    ]
 
 
 async def _heartbeat_scenario(bench: Bench, streams: int) -> None:
