@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from quart import Response, request, websocket
+from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -34,7 +34,7 @@ from .intake import RequestContext
 from .keys import KeyStore
 from .lifespan import Lifespan, Shared
 from .observe import Telemetry, build_telemetry, metrics_page
-from .responses import ResponsesRoute, respond
+from .responses import ResponsesRoute, SocketRoute, respond
 from .store import ResponseStore
 from .stored import ROUTES as STORED_ROUTES, StoredResponses
 from .streams.translator import random_id
@@ -42,7 +42,6 @@ from .transport.asgi import BodyConnection, as_response
 from .transport.json import JsonBody, chat_answer, compaction_answer
 from .transport.passthrough import PassthroughBody
 from .transport.sse import ChatEventStream
-from .transport.websocket import serve_websocket
 from .turn.chat import prepare_chat
 from .turn.compact import prepare_compaction
 from .turn.count import count_input_tokens
@@ -63,14 +62,18 @@ class GatewayApp(QuartTrio):
     edge: Edge  # every connection passes it, however the app is served
     shared: Shared  # set when the lifespan opens
     responses: ResponsesRoute  # likewise
+    sockets: SocketRoute  # likewise
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await self.edge(scope, receive, send)
 
     async def dispatch(self, scope: Any, receive: Any, send: Any) -> None:
-        """What passed the edge: `POST /v1/responses` on ASGI, everything else through Quart."""
-        if scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path") in _RESPONSES:
+        """What passed the edge: `POST /v1/responses` and WebSockets on ASGI, everything else through Quart."""
+        kind = scope["type"]
+        if kind == "http" and scope.get("method") == "POST" and scope.get("path") in _RESPONSES:
             await self.responses(scope, receive, send)
+        elif kind == "websocket":
+            await self.sockets(scope, receive, send)
         else:
             await self.asgi_app(scope, receive, send)
 
@@ -132,6 +135,7 @@ def create_app(
     async def _open() -> None:
         app.shared = await lifespan.open(app.nursery)
         app.responses = ResponsesRoute(app.shared, body_timeout)
+        app.sockets = SocketRoute(app.shared, _RESPONSES)
 
     @app.after_serving
     async def _close() -> None:
@@ -181,10 +185,6 @@ def create_app(
     async def _compact() -> Response:
         turn = await prepare_compaction(resources(), intake.create_request(await body()), _ctx())
         return as_response(compaction_answer(resources(), turn, _where()))
-
-    @aliased(app.websocket, "/responses")
-    async def _responses_socket() -> None:
-        await serve_websocket(resources(), RequestContext.of(websocket.scope), websocket.receive, websocket.send, websocket.close)
 
     def resource_route(handler: Handler) -> Callable[..., Any]:
         async def view(**params: str) -> Response:

@@ -117,7 +117,7 @@ class Settings(BaseSettings):
         "gateway",
         description=(
             "Who serves plain HTTP/1.1 connections: 'gateway' (its own lean protocol, httptools) or "
-            "'hypercorn' (h11). WebSockets and HTTP/2 are hypercorn's either way."
+            "'hypercorn' (h11, and wsproto for WebSockets). HTTP/2 is hypercorn's either way."
         ),
     )
     websocket_max_age: float = Field(

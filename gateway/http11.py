@@ -28,9 +28,10 @@ gateway needs and nothing more:
   message it refuses a 400, each in OpenAI's error shape, closing the connection;
   `Expect: 100-continue` is answered when the app first waits for the body.
 
-A connection that opens with HTTP/2's preface, or whose request asks to
-switch protocols (a WebSocket, h2c), is handed to hypercorn with the bytes
-read so far (`hand_off`): WebSockets and HTTP/2 stay hypercorn's.
+A request for a WebSocket is served here too, on the same connection and
+task (`gateway.http11_websocket`).  A connection that opens with HTTP/2's
+preface, or whose request asks to switch to anything else (h2c), is handed
+to hypercorn with the bytes read so far (`hand_off`): HTTP/2 stays hypercorn's.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import orjson
 import trio
 
 from .edge import is_failure
+from .http11_websocket import WebSocketExchange, asks_for_websocket
 from .transport.coalesce import current_batch
 
 __all__ = ["PlainServer", "Replayed", "acquire"]
@@ -86,6 +88,7 @@ def _refusal(status: int, kind: str, code: str, message: str) -> bytes:
 _REFUSALS = {
     400: _refusal(400, "invalid_request_error", "invalid_request", "The request is not valid HTTP, or frames its body two ways."),
     408: _refusal(408, "invalid_request_error", "request_timeout", "The request's line and headers did not arrive in time."),
+    403: _refusal(403, "invalid_request_error", "forbidden", "The server refused this WebSocket."),
     414: _refusal(414, "invalid_request_error", "request_too_large", "The request's target is too long."),
     431: _refusal(431, "invalid_request_error", "request_too_large", "The request's headers are too large."),
     500: _refusal(500, "server_error", "server_error", "The server could not answer this request."),
@@ -177,7 +180,7 @@ class _Connection:
         self.sock = stream.socket
         self.fd = self.sock.fileno()
         self.parser = httptools.HttpRequestParser(self)
-        self.ready: collections.deque[_Exchange] = collections.deque()
+        self.ready: collections.deque[_Exchange | WebSocketExchange] = collections.deque()
         self.filling: _Exchange | None = None  # the request whose body the parser is reading
         self.began: float | None = None  # when the head being parsed had its first byte
         self.head_size = 0
@@ -186,6 +189,7 @@ class _Connection:
         self.refused: int | None = None  # a status to answer and close with (400, 414, 431)
         self.opening: bytes | None = b""  # the first bytes, until they cannot be HTTP/2's preface
         self.switching: bytes | None = None  # a request to switch protocols, and what followed: hypercorn's
+        self.upgraded: WebSocketExchange | None = None  # a WebSocket served here: the bytes after its head are its frames
         self.read_over = False  # the client closed its side (or reset): nothing more comes
         self.write_over = False  # nothing more can be written
         self.closed = False
@@ -223,7 +227,11 @@ class _Connection:
             return
         parser = self.parser
         if parser.should_upgrade():
-            self.switching = self._head_again()
+            if self.upgraded is None and asks_for_websocket(parser.get_method(), self.headers):
+                self.upgraded = WebSocketExchange(self, self.url, self.headers, parser.get_http_version())
+                self.ready.append(self.upgraded)
+            else:
+                self.switching = self._head_again()
             return
         exchange = _Exchange(
             self, parser.get_method().decode("ascii"), parser.get_http_version(), parser.should_keep_alive(), self.url, self.headers
@@ -269,6 +277,9 @@ class _Connection:
         if self.switching is not None:
             self.switching += data  # after a request to switch protocols: the new protocol's bytes
             return
+        if self.upgraded is not None:
+            self.upgraded.take(data)
+            return
         if self.refused is not None:
             return
         try:
@@ -276,6 +287,8 @@ class _Connection:
         except httptools.HttpParserUpgrade as upgrade:
             if self.switching is not None:
                 self.switching += data[int(upgrade.args[0]) :]
+            elif self.upgraded is not None:
+                self.upgraded.take(data[int(upgrade.args[0]) :])
         except httptools.HttpParserInvalidMethodError:
             # A method llhttp does not know (RFC 9110: not implemented); bytes that are no
             # method at all (a TLS hello on the plain port) are simply not HTTP.
@@ -295,13 +308,16 @@ class _Connection:
                     await self._hand_off(self.switching)
                     return
                 if self.refused is not None:
-                    await self._refuse(self.refused)
+                    await self.refuse(self.refused)
                     return
                 if not await self._wait_for_request():
                     return
                 continue
             exchange = self.ready.popleft()
             self.requests += 1
+            if isinstance(exchange, WebSocketExchange):
+                await exchange.run(self.server.app)  # the connection is the socket's until it closes
+                return
             await self._run(exchange)
             if not exchange.keep_alive or self.write_over or self.read_over:
                 return
@@ -330,7 +346,7 @@ class _Connection:
             server.waiting.discard(waiting)
         if waiting.cancelled_caught:
             if self.began is not None and not server.terminated:
-                await self._refuse(408)
+                await self.refuse(408)
             return False
         return True
 
@@ -346,7 +362,7 @@ class _Connection:
         if not exchange.started:
             exchange.keep_alive = False
             if not self.write_over:
-                await self._refuse(500)
+                await self.refuse(500)
         elif not exchange.complete:
             exchange.keep_alive = False  # the app ended part-way: the client sees an unfinished body
             if exchange.head is not None and not self.write_over:
@@ -360,7 +376,7 @@ class _Connection:
         self.closed = True  # hypercorn's now: never touched here again
         await self.server.hand_off(Replayed(self.stream, data))
 
-    async def _refuse(self, status: int) -> None:
+    async def refuse(self, status: int) -> None:
         """Answer a request the app never saw (or one it left unanswered), in OpenAI's error shape, and close."""
         body = _REFUSALS.get(status) or _refusal(status, "server_error", "server_error", http.HTTPStatus(status).phrase)
         data = (
@@ -369,6 +385,18 @@ class _Connection:
             % (len(body), self.server.date())
             + body
         )
+        await self._say_and_close(data)
+
+    async def answer_and_close(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """An app's refusal of a request to switch protocols: its status, headers and body, then the close."""
+        lines = [_status_line(status)]
+        lines += [b"%b: %b\r\n" % (name, value) for name, value in headers if name.lower() not in (b"connection", b"date")]
+        if not any(name.lower() == b"content-length" for name, _ in headers):
+            lines.append(b"content-length: %d\r\n" % len(body))
+        lines.append(b"connection: close\r\ndate: %b\r\n\r\n" % self.server.date())
+        await self._say_and_close(b"".join(lines) + body)
+
+    async def _say_and_close(self, data: bytes) -> None:
         with trio.move_on_after(_SEND_ERROR_WITHIN):
             await self.write_now(data)
         with contextlib.suppress(OSError):

@@ -6,6 +6,8 @@
     ResponsesRoute  the hot path: the body read once (bounded), decompressed,
                     parsed by the intake, the turn prepared, the transport
                     body streamed; refused requests answered by the renderer
+    SocketRoute     the same path as a WebSocket (its turns, in order, on
+                    one connection), and a WebSocket at any other path refused
 
 `respond` is also what a `submit_tool_outputs` continuation runs.  No
 framework request objects here: the route runs for every response created.
@@ -16,17 +18,18 @@ from __future__ import annotations
 from typing import Any
 
 from . import intake, render
-from .errors import GatewayError, RequestTooLarge
+from .errors import GatewayError, NotFound, RequestTooLarge
 from .intake import RequestContext
 from .lifespan import Shared
 from .transport import asgi as asgi_transport
 from .transport.follow import EventReplay, follow_job
 from .transport.json import JsonBody, turn_answer
 from .transport.sse import DeferredHeadBody, TurnEventStream
+from .transport.websocket import serve_asgi_websocket
 from .turn import prepare_turn
 from .wire import CreateResponseRequest
 
-__all__ = ["ResponsesRoute", "respond"]
+__all__ = ["ResponsesRoute", "SocketRoute", "respond"]
 
 
 async def respond(shared: Shared, req: CreateResponseRequest, ctx: RequestContext, where: str) -> DeferredHeadBody:
@@ -74,3 +77,21 @@ class ResponsesRoute:
             await render.send_error(send, error, where=where)
             return
         await asgi_transport.stream(answer, receive, send)
+
+
+class SocketRoute:
+    """Every WebSocket that passed the edge, on ASGI: `/v1/responses` (and `/responses`) serves
+    WebSocket mode; any other path is refused with 404 in OpenAI's shape."""
+
+    def __init__(self, shared: Shared, paths: frozenset[str]) -> None:
+        self._shared = shared
+        self._paths = paths
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        ctx = RequestContext.of(scope)
+        path = scope.get("path", "")
+        if path in self._paths:
+            await serve_asgi_websocket(self._shared.resources, ctx, receive, send)
+        elif (await receive())["type"] == "websocket.connect":
+            unknown = NotFound(f"No WebSocket is served at {path}.", code="unknown_url")
+            await render.deny_websocket(scope, send, unknown, f"WEBSOCKET {path} {ctx.request_id or ''}".rstrip())

@@ -1,8 +1,9 @@
 """Serving the app: a serve loop of our own over two HTTP servers.
 
-Plain HTTP/1.1 connections are served by the gateway's own lean protocol
-(`gateway.http11`); WebSockets and HTTP/2 (and every connection with
-`HTTP1_SERVER=hypercorn`) by hypercorn's protocol machinery.
+Plain HTTP/1.1 connections, WebSockets among them, are served by the
+gateway's own lean protocol (`gateway.http11`, `gateway.http11_websocket`);
+HTTP/2 (and every connection with `HTTP1_SERVER=hypercorn`) by hypercorn's
+protocol machinery.
 
 `serve` is the embedding entry point: run it in the caller's nursery with
 `nursery.start`, which returns the bound base URL.  `run` is what the CLI
@@ -371,7 +372,7 @@ async def _serve_connections(
     give what is still open `graceful_timeout` to write what is left.
 
     Plain HTTP/1.1 connections are the gateway's own (`gateway.http11`) unless
-    `HTTP1_SERVER=hypercorn`; WebSockets and HTTP/2 are hypercorn's."""
+    `HTTP1_SERVER=hypercorn`, WebSockets included; HTTP/2 is hypercorn's."""
     context = WorkerContext(None)
     listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets.insecure_sockets]
     binds = [f"http://{repr_socket_addr(sock.family, sock.getsockname())}" for sock in sockets.insecure_sockets]

@@ -3,15 +3,13 @@
 What a plain connection must do that the other tests do not already show
 through clients: pipelined requests in order, `Expect: 100-continue`, a
 chunked upload, HEAD, refusals in OpenAI's shape, and the connections it
-hands to hypercorn part-way (a WebSocket upgrade after plain requests,
-HTTP/2 with prior knowledge) with not a byte lost.
+hands to hypercorn part-way (HTTP/2 with prior knowledge) with not a byte
+lost.  Its WebSockets: test_http11_websocket.py.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
-import os
 from typing import Any
 
 import h2.config
@@ -146,26 +144,6 @@ async def test_a_request_the_parser_refuses_gets_openais_error_shape_and_a_close
     assert (got, headers[b"connection"], headers[b"content-type"]) == (status, b"close", b"application/json")
     error = error_of(data)
     assert error["code"] == code and error["message"] and "Traceback" not in error["message"]
-
-
-async def test_a_websocket_upgrade_after_plain_requests_is_handed_to_hypercorn_with_nothing_lost(gateway_url):
-    key = base64.b64encode(os.urandom(16))
-    upgrade = (
-        b"GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Key: %b\r\nSec-WebSocket-Version: 13\r\n\r\n" % key
-    )
-    async with await connect(gateway_url) as stream:
-        await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        answer, rest = await read_response(stream)
-        assert split_response(answer)[0] == 200 and rest == b""
-        await stream.send_all(upgrade)  # the same connection, now a WebSocket's
-        data = b""
-        with trio.fail_after(10):
-            while b"\r\n\r\n" not in data:
-                data += await stream.receive_some()
-    status, headers, _ = split_response(data)
-    assert status == 101 and headers[b"upgrade"].lower() == b"websocket"
-    assert headers[b"sec-websocket-accept"]
 
 
 async def test_http2_with_prior_knowledge_is_handed_to_hypercorn(gateway_url):

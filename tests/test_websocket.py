@@ -11,7 +11,7 @@ import orjson
 import trio
 from httpx2.websockets import AsyncWebSocketClient
 
-import gateway.server
+import gateway.http11
 
 from spec import _cached_validator, validate_event
 
@@ -128,7 +128,7 @@ async def test_a_turn_running_when_the_connection_reaches_its_age_ends_with_its_
 
 
 class _CountingOs:
-    """`os` as gateway.server sees it, counting the writes that carry text deltas."""
+    """`os` as the gateway's own HTTP/1.1 server sees it (WebSockets too), counting the writes that carry text deltas."""
 
     def __init__(self, real: Any) -> None:
         self._real = real
@@ -144,8 +144,8 @@ class _CountingOs:
 
 
 async def test_the_events_of_a_burst_leave_as_a_message_each_in_a_few_writes(gateway_url, monkeypatch):
-    counting = _CountingOs(gateway.server.os)
-    monkeypatch.setattr(gateway.server, "os", counting)
+    counting = _CountingOs(gateway.http11.os)
+    monkeypatch.setattr(gateway.http11, "os", counting)
     async with aconnect_ws(ws_url(gateway_url)) as ws:
         events = await turn(ws, model="burst", input="hi")
         again = await turn(ws, model="text", input="still one message per event")

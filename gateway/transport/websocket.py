@@ -9,13 +9,17 @@ intake (`stream` and `stream_options` are ignored, as OpenAI does),
 refused with the error envelope of `render.ws_error` when it cannot run.
 A drain ends the wait for the next frame and closes with 1001 once the
 turn in progress has ended; the connection's age is bounded by
-`WEBSOCKET_MAX_AGE`.  Knows the turn and the intake; nothing of Quart (the
-route hands it the socket's receive, send and close).
+`WEBSOCKET_MAX_AGE`.  Knows the turn and the intake; nothing of Quart.
+
+`serve_asgi_websocket` runs it on an ASGI socket: the accept, then a reader
+task beside the turns (in a nursery it owns) that queues the client's frames
+(a few may wait while a turn runs) and ends everything when the client
+leaves, so that a turn in progress is cancelled and its backend call closed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import trio
@@ -27,11 +31,48 @@ from ..streams.sse import event_json
 from ..turn import Resources, prepare_turn
 from .coalesce import coalesced
 
-__all__ = ["serve_websocket"]
+__all__ = ["serve_asgi_websocket", "serve_websocket"]
 
 Receive = Callable[[], Awaitable[str | bytes]]
 SendText = Callable[[str], Awaitable[None]]
 Close = Callable[[int], Awaitable[None]]
+Message = MutableMapping[str, Any]
+_QUEUED_FRAMES = 8  # frames a client may send ahead of the turn in progress before its reads wait
+
+
+async def serve_asgi_websocket(
+    resources: Resources,
+    ctx: RequestContext,
+    receive: Callable[[], Awaitable[Message]],
+    send: Callable[[Message], Awaitable[None]],
+) -> None:
+    """Accept an ASGI WebSocket and serve it (`serve_websocket`) until either side ends it."""
+    if (await receive())["type"] != "websocket.connect":
+        return
+    await send({"type": "websocket.accept"})
+    frames_in, frames = trio.open_memory_channel[str | bytes](_QUEUED_FRAMES)
+
+    async def read() -> None:
+        async with frames_in:
+            while True:
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    nursery.cancel_scope.cancel()  # the client left: the turn in progress ends here
+                    return
+                if message["type"] == "websocket.receive":
+                    text = message.get("text")
+                    await frames_in.send(text if text is not None else bytes(message.get("bytes") or b""))
+
+    async def send_text(text: str) -> None:
+        await send({"type": "websocket.send", "text": text})
+
+    async def close(code: int) -> None:
+        await send({"type": "websocket.close", "code": code})
+
+    async with frames, trio.open_nursery() as nursery:  # owned here: the socket's reader beside its turns
+        nursery.start_soon(read)
+        await serve_websocket(resources, ctx, frames.receive, send_text, close)
+        nursery.cancel_scope.cancel()
 
 
 async def serve_websocket(resources: Resources, ctx: RequestContext, receive: Receive, send_text: SendText, close: Close) -> None:
