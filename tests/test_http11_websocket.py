@@ -320,3 +320,30 @@ async def test_with_http1_server_hypercorn_sockets_are_hypercorn_and_serve_the_s
     events = await raw.turn(model="text", input="hi")
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert events[-1]["type"] == "response.completed"
+
+
+async def test_the_openai_sdk_runs_turns_over_its_responses_connection(gateway_url):
+    # The SDK's `responses.connect()` (the `websockets` library, asyncio: run in a thread of its own).
+    import asyncio
+
+    import openai
+
+    async def two_turns() -> list[list[str]]:
+        client = openai.AsyncOpenAI(base_url=gateway_url + "/v1", api_key="sk-test", max_retries=0)
+        turns = []
+        async with client.responses.connect() as connection:
+            for text in ("hi", "again"):
+                await connection.response.create(model="text", input=text)
+                kinds = []
+                async for event in connection:
+                    kinds.append(event.type)
+                    if event.type in TERMINAL or event.type == "error":
+                        break
+                turns.append(kinds)
+        return turns
+
+    with trio.fail_after(30):
+        turns = await trio.to_thread.run_sync(lambda: asyncio.run(two_turns()))
+    assert [kinds[0] for kinds in turns] == ["response.created"] * 2
+    assert [kinds[-1] for kinds in turns] == ["response.completed"] * 2
+    assert all("response.output_text.delta" in kinds for kinds in turns)
