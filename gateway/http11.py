@@ -87,13 +87,23 @@ def _refusal(status: int, kind: str, code: str, message: str) -> bytes:
 
 _REFUSALS = {
     400: _refusal(400, "invalid_request_error", "invalid_request", "The request is not valid HTTP, or frames its body two ways."),
-    408: _refusal(408, "invalid_request_error", "request_timeout", "The request's line and headers did not arrive in time."),
     403: _refusal(403, "invalid_request_error", "forbidden", "The server refused this WebSocket."),
+    408: _refusal(408, "invalid_request_error", "request_timeout", "The request's line and headers did not arrive in time."),
     414: _refusal(414, "invalid_request_error", "request_too_large", "The request's target is too long."),
     431: _refusal(431, "invalid_request_error", "request_too_large", "The request's headers are too large."),
     500: _refusal(500, "server_error", "server_error", "The server could not answer this request."),
     501: _refusal(501, "invalid_request_error", "method_not_supported", "The request's method is not one this server knows."),
 }
+
+
+def request_target(url: bytes) -> tuple[str, bytes, bytes]:
+    """A request's target as ASGI has it: the decoded path, the raw path and the query string."""
+    if not url.startswith(b"/"):
+        parsed = httptools.parse_url(url)  # absolute form: GET http://host/path
+        raw_path, query = parsed.path or b"/", parsed.query or b""
+    else:
+        raw_path, _, query = url.partition(b"?")
+    return unquote(raw_path.decode("latin-1")), raw_path, query
 
 
 def _status_line(status: int) -> bytes:
@@ -228,7 +238,8 @@ class _Connection:
         parser = self.parser
         if parser.should_upgrade():
             if self.upgraded is None and asks_for_websocket(parser.get_method(), self.headers):
-                self.upgraded = WebSocketExchange(self, self.url, self.headers, parser.get_http_version())
+                target = request_target(self.url)
+                self.upgraded = WebSocketExchange(self, target, self.headers, parser.get_http_version())
                 self.ready.append(self.upgraded)
             else:
                 self.switching = self._head_again()
@@ -379,24 +390,16 @@ class _Connection:
     async def refuse(self, status: int) -> None:
         """Answer a request the app never saw (or one it left unanswered), in OpenAI's error shape, and close."""
         body = _REFUSALS.get(status) or _refusal(status, "server_error", "server_error", http.HTTPStatus(status).phrase)
-        data = (
-            _status_line(status)
-            + b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\ndate: %b\r\n\r\n"
-            % (len(body), self.server.date())
-            + body
-        )
-        await self._say_and_close(data)
+        await self.answer_and_close(status, [(b"content-type", b"application/json")], body)
 
     async def answer_and_close(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """An app's refusal of a request to switch protocols: its status, headers and body, then the close."""
+        """A whole answer (a refusal, or an app's refusal of a request to switch protocols), then the close."""
         lines = [_status_line(status)]
         lines += [b"%b: %b\r\n" % (name, value) for name, value in headers if name.lower() not in (b"connection", b"date")]
         if not any(name.lower() == b"content-length" for name, _ in headers):
             lines.append(b"content-length: %d\r\n" % len(body))
         lines.append(b"connection: close\r\ndate: %b\r\n\r\n" % self.server.date())
-        await self._say_and_close(b"".join(lines) + body)
-
-    async def _say_and_close(self, data: bytes) -> None:
+        data = b"".join(lines) + body
         with trio.move_on_after(_SEND_ERROR_WITHIN):
             await self.write_now(data)
         with contextlib.suppress(OSError):
@@ -561,12 +564,7 @@ class _Exchange:
 
     def scope(self) -> dict[str, Any]:
         connection = self.connection
-        url = self.url
-        if not url.startswith(b"/"):
-            parsed = httptools.parse_url(url)  # absolute form: GET http://host/path
-            raw_path, query = parsed.path or b"/", parsed.query or b""
-        else:
-            raw_path, _, query = url.partition(b"?")
+        path, raw_path, query = request_target(self.url)
         headers = self.headers
         for name, value in headers:
             if name == b"expect" and value.lower() == b"100-continue":
@@ -577,7 +575,7 @@ class _Exchange:
             "http_version": self.version,
             "method": self.method,
             "scheme": "http",
-            "path": unquote(raw_path.decode("latin-1")),
+            "path": path,
             "raw_path": raw_path,
             "query_string": query,
             "root_path": connection.server.config.root_path,

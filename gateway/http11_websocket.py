@@ -31,7 +31,6 @@ import logging
 import struct
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 import trio
 from wsproto.connection import Connection, ConnectionState, ConnectionType
@@ -50,7 +49,6 @@ log = logging.getLogger("gateway")
 Message = MutableMapping[str, Any]
 _ASGI = {"spec_version": "2.3", "version": "3.0"}
 _TEXT, _BINARY = 0x1, 0x2
-_SERVER_GONE = 1006  # the connection ended without a close frame
 _TOO_BIG = 1009
 
 
@@ -82,9 +80,11 @@ def frame(opcode: int, payload: bytes) -> bytes:
 class WebSocketExchange:
     """One WebSocket on a plain connection: its scope, `receive` and `send`, from handshake to close."""
 
-    def __init__(self, connection: _Connection, url: bytes, headers: list[tuple[bytes, bytes]], version: str) -> None:
+    def __init__(
+        self, connection: _Connection, target: tuple[str, bytes, bytes], headers: list[tuple[bytes, bytes]], version: str
+    ) -> None:
         self.connection = connection
-        self.url = url
+        self.target = target  # the path, raw path and query string (`http11.request_target`)
         self.headers = headers
         self.version = version
         self.protocol = Connection(ConnectionType.SERVER)
@@ -106,7 +106,7 @@ class WebSocketExchange:
 
     def scope(self) -> dict[str, Any]:
         connection = self.connection
-        raw_path, _, query = self.url.partition(b"?")
+        path, raw_path, query = self.target
         subprotocols: list[str] = []
         for name, value in self.headers:
             if name == b"sec-websocket-protocol":
@@ -116,7 +116,7 @@ class WebSocketExchange:
             "asgi": _ASGI,
             "http_version": self.version,
             "scheme": "ws",
-            "path": unquote(raw_path.decode("latin-1")),
+            "path": path,
             "raw_path": raw_path,
             "query_string": query,
             "root_path": connection.server.config.root_path,
@@ -193,7 +193,7 @@ class WebSocketExchange:
                     await self._write_control(self.protocol.send(event.response()))
                 elif state is ConnectionState.OPEN:  # a frame wsproto could not parse: its code says why
                     await self._close(event.code)
-                self.closed_code = event.code if event.code is not None else _SERVER_GONE
+                self.closed_code = event.code  # (1005 for a close frame without one, 1006 for none at all)
                 return
 
     # --- what the app sends ---------------------------------------------------------------
