@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import httpx2
 import pytest
 import trio
 
@@ -22,6 +23,8 @@ from gateway.lab.bench import (
 )
 from gateway.lab.simulator import SimConfig, Simulator
 from gateway.lab.loadtest import ApiKind, LoadConfig, LoadReport, RequestResult, ServerUsage
+
+from conftest import parse_sse
 
 RAW = """\
 <module> (gateway/__main__.py:4);main (gateway/cli.py:80);run (trio/_core/_run.py:2532);unrolled_run (trio/_core/_run.py:2866);get_events (trio/_core/_io_epoll.py:243) 30
@@ -208,6 +211,27 @@ async def test_the_floor_on_hypercorn_relays_sse_and_a_websocket_message_per_eve
         assert (report.requests_completed, report.requests_failed) == (4, 0), report.failure_examples
         assert report.terminals == {"response.completed": 4}
         assert report.events_per_response == 6  # a delta per token, and the terminal event, a message each
+
+
+async def test_the_decoding_floor_writes_each_chunk_as_a_whole_delta_event_and_the_whole_text_at_the_end(
+    nursery: trio.Nursery,
+):
+    simulator = Simulator(SimConfig(tokens=5))
+    sim_url = await nursery.start(simulator.serve)
+    url = await nursery.start(floor.serve, 0, sim_url, True)
+    async with httpx2.AsyncClient() as client:
+        with trio.fail_after(30):
+            for _ in range(2):  # the second on the same kept-alive backend connection
+                answer = await client.post(f"{url}/v1/responses", json={"model": "sim:delay=0.005,tokens=5"})
+                events = [e for e in parse_sse(answer.content) if isinstance(e, dict)]
+                deltas, (completed,) = events[:-1], events[-1:]
+                assert [e["type"] for e in deltas] == ["response.output_text.delta"] * 5
+                assert [e["sequence_number"] for e in deltas] == [0, 1, 2, 3, 4]
+                for event in deltas:  # every field the spec gives the event, and a word of text
+                    assert set(event) == {"type", "sequence_number", "item_id", "output_index", "content_index", "delta", "logprobs"}
+                    assert event["delta"].strip()
+                assert completed["type"] == "response.completed"
+                assert completed["response"]["output"][0]["content"][0]["text"] == "".join(e["delta"] for e in deltas)
 
 
 def test_a_later_run_reproduces_a_row_when_its_median_lies_within_the_earlier_range(tmp_path: pathlib.Path):

@@ -765,7 +765,17 @@ _PACED_DELAY = 0.005
 
 # The two floors: the bare relay on raw trio sockets, and the same relay as an ASGI app under
 # hypercorn's trio worker, the server the gateway runs on (`gateway.lab.floor`).
-FLOORS = (("trio", "a bare trio relay"), ("hypercorn", "the same relay on hypercorn (ASGI)"))
+# What each floor does not do of the gateway's work.
+_FLOOR_LEAVES_OUT = {
+    "trio": "no parsing, translation, store or keys",
+    "hypercorn": "no parsing, translation, store or keys",
+    "decoding": "no state machine, store or keys",
+}
+FLOORS = (
+    ("trio", "a bare trio relay"),
+    ("hypercorn", "the same relay on hypercorn (ASGI)"),
+    ("decoding", "the trio relay decoding each chunk and encoding each event"),
+)
 
 
 @contextlib.asynccontextmanager
@@ -780,7 +790,8 @@ async def _floor(server: str, sim_url: str, cores: set[int] | None) -> AsyncIter
 class _FloorScenario(_Scenario):
     """The floors: what a relay costs that does none of the gateway's work (`gateway.lab.floor`:
     one SSE frame out per chunk in, no parsing, translation, store, keys or framework), on raw
-    trio sockets and as a bare ASGI app under hypercorn, measured the same way as the gateway
+    trio sockets and as a bare ASGI app under hypercorn, and on raw trio sockets doing the least
+    per chunk any translator must (its JSON decoded, a whole delta event encoded), measured the same way as the gateway
     on each load a target applies to: CPU per event on the paced load, the share of the
     simulator's throughput on the burst at c=50, WebSocket messages against SSE on hypercorn,
     and (`latency`, measured in its rounds) the time added to the first text delta at c=1.
@@ -797,20 +808,23 @@ class _FloorScenario(_Scenario):
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         seconds = max(self.bench.duration, 3 * PACED_STEP * PACED_TOKENS)
         sim_url, sim = await stack.enter_async_context(_simulator(tokens=200))
-        trio_url, trio_proc = await stack.enter_async_context(_floor("trio", sim_url, PLACEMENT.gateway))
-        hyper_url, hyper_proc = await stack.enter_async_context(_floor("hypercorn", sim_url, PLACEMENT.gateway))
-        for url in (trio_url, hyper_url):
-            paced = LoadConfig(url=url, model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds)
-            await _checked("floor", run_load(dataclasses.replace(paced, duration=None, requests=PACED_STREAMS)))
-            await _checked("floor", run_load(LoadConfig(url=url, concurrency=4, requests=40)))
-        await _checked("floor", run_load(LoadConfig(url=hyper_url, websocket=True, concurrency=4, requests=40)))
         duration = self.bench.duration
+        paced: list[tuple[str, LoadConfig, int]] = []
+        burst: list[tuple[str, LoadConfig, int]] = []
+        for server, _ in FLOORS:
+            url, proc = await stack.enter_async_context(_floor(server, sim_url, PLACEMENT.gateway))
+            load = LoadConfig(url=url, model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds)
+            await _checked("floor", run_load(dataclasses.replace(load, duration=None, requests=PACED_STREAMS)))
+            await _checked("floor", run_load(LoadConfig(url=url, concurrency=4, requests=40)))
+            paced.append((f"{server}-paced", load, proc.pid))
+            burst.append((server, LoadConfig(url=url, concurrency=50, duration=duration), proc.pid))
+            if server == "hypercorn":
+                hyper_url, hyper_proc = url, proc
+        await _checked("floor", run_load(LoadConfig(url=hyper_url, websocket=True, concurrency=4, requests=40)))
         self.configs = (
-            ("trio-paced", LoadConfig(url=trio_url, model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds), trio_proc.pid),
-            ("hypercorn-paced", LoadConfig(url=hyper_url, model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds), hyper_proc.pid),
+            *paced,
             ("direct", LoadConfig(url=sim_url, api="chat", concurrency=50, duration=duration), sim.pid),
-            ("trio", LoadConfig(url=trio_url, concurrency=50, duration=duration), trio_proc.pid),
-            ("hypercorn", LoadConfig(url=hyper_url, concurrency=50, duration=duration), hyper_proc.pid),
+            *burst,
             ("hypercorn-c1", LoadConfig(url=hyper_url, concurrency=1, duration=duration), hyper_proc.pid),
             ("websocket-c1", LoadConfig(url=hyper_url, websocket=True, concurrency=1, duration=duration), hyper_proc.pid),
         )
@@ -825,7 +839,7 @@ class _FloorScenario(_Scenario):
         for server, what in FLOORS:
             per_event = Spread([_event_us(r) for r in runs[f"{server}-paced"]])
             bench.row(
-                f"floor: {what}, paced, c={PACED_STREAMS} (no parsing, translation, store or keys)",
+                f"floor: {what}, paced, c={PACED_STREAMS} ({_FLOOR_LEAVES_OUT[server]})",
                 "CPU µs per event",
                 per_event.plain(1, "µs"),
                 "",

@@ -15,6 +15,13 @@ server the gateway runs on (`POST` answered as SSE, a WebSocket connection as on
 event for each `response.create` it receives): what the stack costs before any of the gateway's
 own work, the floor for the targets that count per request and per WebSocket message.
 
+`--server decoding` is the raw trio relay doing, per chunk, the least any translator must: the
+backend's HTTP/1.1 body parsed (httptools, as the gateway parses it), its SSE split into events,
+each event's JSON decoded (orjson) and its text written as a whole `response.output_text.delta`
+event (every field the spec gives it, encoded by orjson), and at `[DONE]` a
+`response.completed` carrying the whole text.  Still no state machine, store, keys or
+framework: the floor for a gateway that reads the chunks it relays instead of searching bytes.
+
 Knows nothing of the gateway's modules; expects the simulator's chunk shape.
 """
 
@@ -28,6 +35,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httptools
 import orjson
 import trio
 
@@ -113,17 +121,17 @@ async def _read_request(client: socket.socket, buf: bytes) -> tuple[bytes, bytes
     return rest[:length], rest[length:]
 
 
-async def _relay(client: socket.socket, backend: _Backend, body: bytes) -> None:
+async def _relay(client: socket.socket, backend: _Backend, body: bytes, *, decode: bool = False) -> None:
     await _send(client, _HEAD)
 
     async def write(frames: bytes, done: bool) -> None:
         await _send(client, b"%x\r\n%b\r\n" % (len(frames), frames) + (b"0\r\n\r\n" if done else b""))
 
-    await _stream(backend, body, write)
+    await (_stream_decoded if decode else _stream)(backend, body, write)
 
 
-async def _stream(backend: _Backend, body: bytes, write: Callable[[bytes, bool], Awaitable[None]]) -> None:
-    """Ask the backend for the request's model and hand `write` each upstream read's frames."""
+async def _ask(backend: _Backend, body: bytes) -> socket.socket:
+    """Send the backend a streamed chat completion for the request's model; its connection."""
     model = orjson.loads(body).get("model", "sim")
     payload = orjson.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True})
     upstream = await backend.open()
@@ -132,6 +140,12 @@ async def _stream(backend: _Backend, body: bytes, write: Callable[[bytes, bool],
         % (backend.host.encode(), backend.port, len(payload))
     ) + payload
     await _send(upstream, request)
+    return upstream
+
+
+async def _stream(backend: _Backend, body: bytes, write: Callable[[bytes, bool], Awaitable[None]]) -> None:
+    """Ask the backend for the request's model and hand `write` each upstream read's frames."""
+    upstream = await _ask(backend, body)
     headed = False
     pending = b""
     while True:
@@ -165,7 +179,80 @@ async def _stream(backend: _Backend, body: bytes, write: Callable[[bytes, bool],
             return
 
 
-async def _serve_connection(client: socket.socket, host: str, port: int) -> None:
+class _Decoded:
+    """One upstream answer read as a translator must read it (see `--server decoding`)."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.body: list[bytes] = []
+        self.rest = b""
+        self.texts: list[str] = []
+        self.seq = 0
+        self.complete = False
+
+    # httptools' callbacks
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+    def frames(self, data: bytes) -> tuple[bytes, bool]:
+        """The events `data` completes, as SSE; and whether the answer is over."""
+        self.parser.feed_data(data)
+        events = (self.rest + b"".join(self.body)).split(b"\n\n")
+        self.body.clear()
+        self.rest = events.pop()
+        out = []
+        done = False
+        for event in events:
+            if event[:6] != b"data: ":
+                continue
+            payload = event[6:]
+            if payload == b"[DONE]":
+                done = True
+                text = "".join(self.texts)
+                completed = {
+                    "type": "response.completed",
+                    "sequence_number": self.seq,
+                    "response": {"object": "response", "status": "completed", "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}]},
+                }
+                out.append(b"event: response.completed\ndata: " + orjson.dumps(completed) + b"\n\n")
+                break
+            text = orjson.loads(payload)["choices"][0]["delta"].get("content")
+            if text:
+                self.texts.append(text)
+                delta = {
+                    "type": "response.output_text.delta",
+                    "sequence_number": self.seq,
+                    "item_id": "msg_floor",
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": text,
+                    "logprobs": [],
+                }
+                self.seq += 1
+                out.append(b"event: response.output_text.delta\ndata: " + orjson.dumps(delta) + b"\n\n")
+        return b"".join(out), done
+
+
+async def _stream_decoded(backend: _Backend, body: bytes, write: Callable[[bytes, bool], Awaitable[None]]) -> None:
+    """`_stream`, each chunk decoded and each event encoded whole (`_Decoded`)."""
+    upstream = await _ask(backend, body)
+    answer = _Decoded()
+    done = False
+    while not answer.complete:
+        data = await _recv(upstream)
+        if not data:
+            backend.close()
+            raise ConnectionError("the backend closed the connection")
+        frames, over = answer.frames(data)
+        if frames and not done:
+            done = over
+            await write(frames, done)
+
+
+async def _serve_connection(client: socket.socket, host: str, port: int, decode: bool) -> None:
     backend = _Backend(host, port)
     buf = b""
     try:
@@ -177,7 +264,7 @@ async def _serve_connection(client: socket.socket, host: str, port: int) -> None
             if not body:  # GET /health
                 await _send(client, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
                 continue
-            await _relay(client, backend, body)
+            await _relay(client, backend, body, decode=decode)
     except OSError:
         return
     finally:
@@ -185,9 +272,11 @@ async def _serve_connection(client: socket.socket, host: str, port: int) -> None
         client.close()
 
 
-async def serve(port: int, backend_url: str, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
-    """Relay on 127.0.0.1:`port` (0: any free one) to the simulator at `backend_url`; tells
-    `task_status` its own URL once it listens."""
+async def serve(
+    port: int, backend_url: str, decode: bool = False, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Relay on 127.0.0.1:`port` (0: any free one) to the simulator at `backend_url` (`decode`:
+    each chunk decoded, `--server decoding`); tells `task_status` its own URL once it listens."""
     authority = backend_url.split("://", 1)[-1].split("/", 1)[0]
     host, _, backend_port = authority.rpartition(":")
     listener = trio.socket.socket()
@@ -198,7 +287,7 @@ async def serve(port: int, backend_url: str, *, task_status: trio.TaskStatus[str
     async with trio.open_nursery() as nursery:  # owned here: one task per client connection
         while True:
             client, _ = await listener.accept()
-            nursery.start_soon(_serve_connection, _plain(client), host, int(backend_port))
+            nursery.start_soon(_serve_connection, _plain(client), host, int(backend_port), decode)
 
 
 class AsgiFloor:
@@ -288,10 +377,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway.lab.floor", description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--backend", required=True, help="the simulator's base URL, http://host:port")
-    parser.add_argument("--server", choices=["trio", "hypercorn"], default="trio", help="raw trio sockets, or hypercorn's trio worker")
+    parser.add_argument(
+        "--server",
+        choices=["trio", "hypercorn", "decoding"],
+        default="trio",
+        help="raw trio sockets, hypercorn's trio worker, or raw trio sockets decoding each chunk",
+    )
     args = parser.parse_args(argv)
     try:
-        trio.run(serve if args.server == "trio" else serve_hypercorn, args.port, args.backend)
+        if args.server == "hypercorn":
+            trio.run(serve_hypercorn, args.port, args.backend)
+        else:
+            trio.run(serve, args.port, args.backend, args.server == "decoding")
     except KeyboardInterrupt:
         pass
     return 0
