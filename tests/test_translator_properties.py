@@ -532,6 +532,36 @@ def test_unusual_characters_inside_json_strings_never_split_an_event(texts, eol,
         assert [c for piece in pieces for c in decoder.decode(piece)] + decoder.flush() == documents
 
 
+sse_lines = st.sampled_from(
+    [b"data: {}", b"data: [1]", b"data:{}", b"data: ", b"data", b"event: x", b"id: 7", b": comment", b"", b"data: a\xef\xbb\xbf"]
+) | st.binary(max_size=12).map(lambda b: b"data: " + b.replace(b"\r", b"").replace(b"\n", b""))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    lines=st.lists(sse_lines, max_size=14),
+    eol=st.sampled_from([b"\n", b"\n", b"\r\n"]),
+    bom=st.booleans(),
+    cuts=cuts_strategy,
+    max_event_bytes=st.sampled_from([16, 40, 16 * 1024 * 1024]),
+)
+def test_the_payloads_alone_are_the_events_data_however_the_stream_is_cut(lines, eol, bom, cuts, max_event_bytes):
+    raw = (b"\xef\xbb\xbf" if bom else b"") + b"".join(line + eol for line in lines)
+
+    def decoded(method: str) -> list[bytes] | str:
+        decoder = SSEDecoder(max_event_bytes)
+        out: list[bytes] = []
+        try:
+            for piece in cut(raw, cuts):
+                got = getattr(decoder, method)(piece)
+                out += got if method == "decode_data" else [event.data for event in got]
+        except SSETooLarge:
+            return "too large"
+        return out + [event.data for event in decoder.flush()]
+
+    assert decoded("decode_data") == decoded("decode")
+
+
 @settings(max_examples=100, deadline=None)
 @given(text=unusual_text, eol=st.sampled_from(EOLS))
 def test_a_last_event_without_its_blank_line_is_delivered_at_flush(text, eol):

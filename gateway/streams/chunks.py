@@ -43,34 +43,41 @@ class ChunkDecoder:
         if self.saw_done or self.failed:
             return []
         try:
-            events = self._sse.decode(data)
+            payloads = self._sse.decode_data(data)
         except SSETooLarge:
             self.failed = True
             return [BackendStreamError("the backend sent an oversized stream event")]
-        return self._convert(events)
+        return self._convert(payloads)
 
     def flush(self) -> list[Any]:
         if self.saw_done or self.failed:
             return []
-        return self._convert(self._sse.flush())
+        return self._convert([event.data for event in self._sse.flush()])
 
     @property
     def finished(self) -> bool:
         """`[DONE]` was seen or the stream became unreadable: stop reading."""
         return self.saw_done or self.failed
 
-    def _convert(self, events: list[Any]) -> list[Any]:
-        out: list[Any] = []
-        for event in events:
-            data = event.data
-            if data == b"[DONE]":
-                self.saw_done = True
-                out.append(DONE)
-                break
-            try:
-                out.append(orjson.loads(data))
-            except orjson.JSONDecodeError:
-                self.failed = True
-                out.append(BackendStreamError("the backend sent data that is not JSON"))
-                break
+    def _convert(self, payloads: list[bytes]) -> list[Any]:
+        done = b"[DONE]" in payloads
+        if done:
+            payloads = payloads[: payloads.index(b"[DONE]")]
+        try:
+            out = [_loads(payload) for payload in payloads]  # the hot path: every payload is JSON
+        except orjson.JSONDecodeError:
+            out = []
+            for payload in payloads:
+                try:
+                    out.append(_loads(payload))
+                except orjson.JSONDecodeError:
+                    self.failed = True
+                    out.append(BackendStreamError("the backend sent data that is not JSON"))
+                    return out
+        if done:
+            self.saw_done = True
+            out.append(DONE)
         return out
+
+
+_loads = orjson.loads

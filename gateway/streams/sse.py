@@ -92,6 +92,38 @@ class SSEDecoder:
         self._buffer = rest
         return events
 
+    def decode_data(self, chunk: bytes) -> list[bytes]:
+        """The data of the events completed by `chunk` (their names dropped): `decode`'s, the
+        same however the input is cut.
+
+        The hot path of a chat stream: when every complete event in the
+        buffer is a single `data: ` line, LF-ended, the payloads are cut out
+        by one split and checked by one count, without an object per event.
+
+        Raises:
+            SSETooLarge: as `decode`.
+        """
+        buffer = self._buffer + chunk if self._buffer else chunk
+        if self._at_start or self._data or self._event is not None or b"\r" in buffer:
+            return [event.data for event in self.decode(chunk)]
+        end = buffer.rfind(b"\n\n") + 2
+        if end < 8 or end > self._max or buffer[:6] != b"data: ":
+            return [event.data for event in self.decode(chunk)]
+        whole = buffer[:end]
+        payloads = whole[6:-2].split(b"\n\ndata: ")
+        if whole.count(b"\n") != 2 * len(payloads):  # an event of other lines, or other fields
+            return [event.data for event in self.decode(chunk)]
+        rest = buffer[end:]
+        if b"\n" in rest:  # complete lines of an event not yet ended
+            self._buffer = b""
+            events: list[SSEEvent] = []
+            rest = self._lines(rest, events)
+            payloads += [event.data for event in events]
+        if len(rest) - rest.endswith(b"\r") > self._max:
+            raise SSETooLarge(f"a line exceeded {self._max} bytes")
+        self._buffer = rest
+        return payloads
+
     def flush(self) -> list[SSEEvent]:
         """End of input: a last event without its blank line still counts."""
         events: list[SSEEvent] = []
