@@ -51,6 +51,17 @@ def test_profile_samples_are_grouped_by_the_layer_that_spent_them():
     assert abs(sum(layers.values()) - 1.0) < 1e-9
 
 
+def test_an_idle_worker_thread_waiting_for_a_job_is_not_counted_but_its_jobs_are():
+    idle = "_bootstrap (threading.py:995);run (threading.py:975);WorkerThread._work (trio/_core/_thread_cache.py:211) 70"
+    job = (
+        "_bootstrap (threading.py:995);WorkerThread._work (trio/_core/_thread_cache.py:212);"
+        "WorkerThread._handle_job (trio/_core/_thread_cache.py:189);_checkpoint (gateway/store/sqlite.py:163) 10"
+    )
+    layers = profile_layers(RAW + idle + "\n" + job + "\n")
+    assert layers["store (record, SQLite)"] == pytest.approx(20 / 110)
+    assert layers["trio's scheduler and I/O polling"] == pytest.approx(30 / 110)
+
+
 def test_the_tools_and_the_gateway_get_cores_of_their_own_from_three_cores_up():
     spacious = Placement.for_cores([0, 1, 2, 3])
     assert spacious.tools == {0} and spacious.gateway == {1, 2, 3} and spacious.cores == 4

@@ -941,7 +941,10 @@ def profile_layers(raw: str) -> dict[str, float]:
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        layer = _layer_of(stack.split(";"))
+        frames = stack.split(";")
+        if "_thread_cache.py" in frames[-1] and frames[-1].partition(" (")[0].endswith("_work"):
+            continue  # an idle worker thread waiting for a job, which py-spy takes for a busy one
+        layer = _layer_of(frames)
         counts[layer] = counts.get(layer, 0) + int(count)
     total = sum(counts.values()) or 1
     return {layer: n / total for layer, n in sorted(counts.items(), key=lambda kv: -kv[1])}
