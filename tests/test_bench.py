@@ -19,7 +19,7 @@ import trio
 from gateway.lab import loadtest
 from gateway.lab import floor
 from gateway.lab.bench import (
-    PATHS, Bench, Placement, Row, Spread, _path_rows, _Scenario, _spread, profile_layers, render, render_reproduction, reproduced,
+    PATHS, Bench, Placement, Row, Spread, _path_rows, _Scenario, _spread, idle_policy, profile_layers, render, render_reproduction, reproduced,
 )
 from gateway.lab.simulator import SimConfig, Simulator
 from gateway.lab.loadtest import ApiKind, LoadConfig, LoadReport, RequestResult, ServerUsage
@@ -243,6 +243,22 @@ async def test_the_decoding_floor_writes_each_chunk_as_a_whole_delta_event_and_t
                     assert event["delta"].strip()
                 assert completed["type"] == "response.completed"
                 assert completed["response"]["output"][0]["content"][0]["text"] == "".join(e["delta"] for e in deltas)
+
+
+def test_the_machine_names_how_its_idle_cores_wait(tmp_path: pathlib.Path):
+    assert idle_policy(tmp_path) is None  # no cpuidle: nothing said
+    cpuidle = tmp_path / "devices/system/cpu/cpuidle"
+    cpuidle.mkdir(parents=True)
+    (cpuidle / "current_driver").write_text("intel_idle\n")
+    assert idle_policy(tmp_path) == "cpuidle intel_idle"
+    (cpuidle / "current_driver").write_text("haltpoll\n")
+    assert idle_policy(tmp_path) == "cpuidle haltpoll"
+    params = tmp_path / "module/haltpoll/parameters"
+    params.mkdir(parents=True)
+    (params / "guest_halt_poll_ns").write_text("0\n")
+    assert idle_policy(tmp_path) == "cpuidle haltpoll, guest_halt_poll_ns=0: idle cores halt at once"
+    (params / "guest_halt_poll_ns").write_text("200000\n")
+    assert idle_policy(tmp_path) == "cpuidle haltpoll, idle cores poll 200 µs before halting"
 
 
 def test_a_later_run_reproduces_a_row_when_its_median_lies_within_the_earlier_range(tmp_path: pathlib.Path):

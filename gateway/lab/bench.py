@@ -1121,7 +1121,33 @@ def render(bench: Bench) -> str:
 
 def machine() -> str:
     cpu = cpu_model() or "unknown CPU"
-    return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {datetime.date.today().isoformat()}"
+    idle = idle_policy()
+    return (
+        f"{os.cpu_count()} cores ({cpu}{'; ' + idle if idle else ''}), Python {platform.python_version()}, "
+        f"{datetime.date.today().isoformat()}"
+    )
+
+
+def idle_policy(sys_root: pathlib.Path = pathlib.Path("/sys")) -> str | None:
+    """How this machine's idle cores wait, when Linux says: the c=1 latency rows depend on it.
+
+    A VM whose idle vCPUs halt at once (the `haltpoll` driver with
+    `guest_halt_poll_ns=0`) wakes a core through the host each time, and a
+    core that sat idle longer wakes slower; on one such VM that was ~0.7 ms
+    of the gateway's added first delta at c=1 (README, load lab)."""
+    try:
+        driver = (sys_root / "devices/system/cpu/cpuidle/current_driver").read_text().strip()
+    except OSError:
+        return None
+    if driver != "haltpoll":
+        return f"cpuidle {driver}" if driver else None
+    try:
+        poll_ns = int((sys_root / "module/haltpoll/parameters/guest_halt_poll_ns").read_text())
+    except (OSError, ValueError):
+        return "cpuidle haltpoll"
+    if poll_ns == 0:
+        return "cpuidle haltpoll, guest_halt_poll_ns=0: idle cores halt at once"
+    return f"cpuidle haltpoll, idle cores poll {poll_ns / 1000:g} µs before halting"
 
 
 def commit() -> str:
