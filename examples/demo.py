@@ -24,6 +24,7 @@ import trio
 
 import gateway
 from gateway.lab.llamacpp import run_llama_server
+from gateway.mcp import MCPManager
 
 
 async def main(prompt: str) -> None:
@@ -65,8 +66,8 @@ async def main(prompt: str) -> None:
         print(f"status={final.status} id={final.id} usage: in={final.usage.input_tokens} "
               f"out={final.usage.output_tokens} total={final.usage.total_tokens}")
         print("events: " + ", ".join(f"{name} x{n}" for name, n in counts.items()))
-        manager = app.mcp
-        if manager is not None:
+        manager = app.shared.resources.mcp  # the MCP manager the gateway started
+        if isinstance(manager, MCPManager):
             with trio.move_on_after(20):
                 await manager.wait_settled()
             for server in manager.status():

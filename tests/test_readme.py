@@ -58,6 +58,28 @@ def test_the_quick_start_runs_the_demo_and_test_recipes_through_dev():
         assert re.search(rf"^{recipe}\b", justfile, re.M)
 
 
+@pytest.mark.e2e
+async def test_the_demo_streams_a_reply_from_the_small_model_and_shows_the_mcp_server_it_connected():
+    """What `./dev demo` runs (`examples/demo.py`), end to end: llama.cpp with SmolLM2, the gateway,
+    the example MCP server, the openai SDK."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with trio.fail_after(300):
+        done = await trio.run_process(
+            [sys.executable, str(ROOT / "examples" / "demo.py"), "Say hello."],
+            env=env,
+            cwd=ROOT,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert re.search(r"^status=(completed|incomplete) id=resp_\w+ usage: in=\d+ out=\d+", out, re.M), out
+    assert "response.output_text.delta x" in out
+    assert "response.completed x1" in out or "response.incomplete x1" in out
+    assert re.search(r"^MCP server 'example' \(stdio\): ready; tools offered: .*\badd\b", out, re.M), out
+
+
 def test_ci_runs_the_readmes_test_command_with_the_system_python_and_a_fresh_home():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "/^<!-- test-command -->$/" in ci  # the command is read from the README, not copied
