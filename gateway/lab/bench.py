@@ -694,7 +694,7 @@ class _LatencyScenario(_Scenario):
     def __init__(self, bench: Bench, pin: bool, *, gateway: bool = True, floors: bool = False) -> None:
         super().__init__(bench)
         self.placement = Placement.for_light_load(_cores()) if pin else PLACEMENT
-        self.measured = (["gateway"] if gateway else []) + ([server for server, _ in FLOORS] if floors else [])
+        self.measured = (["gateway"] if gateway else []) + ([server for server, _, _ in FLOORS] if floors else [])
         self.runs: dict[str, list[LoadReport]] = {}
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
@@ -742,7 +742,7 @@ class _LatencyScenario(_Scenario):
 
     def floor_rows(self) -> None:
         """The floors' rows (written with the other floors')."""
-        for server, what in FLOORS:
+        for server, what, _ in FLOORS:
             if server not in self.runs:
                 continue
             for q in ("p50", "p99"):
@@ -765,16 +765,11 @@ _PACED_DELAY = 0.005
 
 # The two floors: the bare relay on raw trio sockets, and the same relay as an ASGI app under
 # hypercorn's trio worker, the server the gateway runs on (`gateway.lab.floor`).
-# What each floor does not do of the gateway's work.
-_FLOOR_LEAVES_OUT = {
-    "trio": "no parsing, translation, store or keys",
-    "hypercorn": "no parsing, translation, store or keys",
-    "decoding": "no state machine, store or keys",
-}
+# Each floor: its `--server`, what it is, and what it does not do of the gateway's work.
 FLOORS = (
-    ("trio", "a bare trio relay"),
-    ("hypercorn", "the same relay on hypercorn (ASGI)"),
-    ("decoding", "the trio relay decoding each chunk and encoding each event"),
+    ("trio", "a bare trio relay", "no parsing, translation, store or keys"),
+    ("hypercorn", "the same relay on hypercorn (ASGI)", "no parsing, translation, store or keys"),
+    ("decoding", "the trio relay decoding each chunk and encoding each event", "no state machine, store or keys"),
 )
 
 
@@ -811,7 +806,7 @@ class _FloorScenario(_Scenario):
         duration = self.bench.duration
         paced: list[tuple[str, LoadConfig, int]] = []
         burst: list[tuple[str, LoadConfig, int]] = []
-        for server, _ in FLOORS:
+        for server, _, _ in FLOORS:
             url, proc = await stack.enter_async_context(_floor(server, sim_url, PLACEMENT.gateway))
             load = LoadConfig(url=url, model=PACED_MODEL, concurrency=PACED_STREAMS, duration=seconds)
             await _checked("floor", run_load(dataclasses.replace(load, duration=None, requests=PACED_STREAMS)))
@@ -836,10 +831,10 @@ class _FloorScenario(_Scenario):
 
     def rows(self) -> None:
         bench, runs = self.bench, self.runs
-        for server, what in FLOORS:
+        for server, what, leaves_out in FLOORS:
             per_event = Spread([_event_us(r) for r in runs[f"{server}-paced"]])
             bench.row(
-                f"floor: {what}, paced, c={PACED_STREAMS} ({_FLOOR_LEAVES_OUT[server]})",
+                f"floor: {what}, paced, c={PACED_STREAMS} ({leaves_out})",
                 "CPU µs per event",
                 per_event.plain(1, "µs"),
                 "",
@@ -848,7 +843,7 @@ class _FloorScenario(_Scenario):
                 "floor above" if per_event.median > PACED_EVENT_CPU_TARGET_US else "",
                 figure=per_event,
             )
-        for server, what in FLOORS:
+        for server, what, _ in FLOORS:
             share = Spread([_share(v, d) for v, d in zip(runs[server], runs["direct"])])
             bench.row(
                 f"floor: {what}, 200-chunk burst, c=50",

@@ -103,23 +103,27 @@ class SSEDecoder:
         Raises:
             SSETooLarge: as `decode`.
         """
+        payloads = self._data_lines(chunk)
+        return payloads if payloads is not None else [event.data for event in self.decode(chunk)]
+
+    def _data_lines(self, chunk: bytes) -> list[bytes] | None:
+        """`decode_data`'s hot path; None (nothing changed) where it does not apply."""
         buffer = self._buffer + chunk if self._buffer else chunk
         if self._at_start or self._data or self._event is not None or b"\r" in buffer:
-            return [event.data for event in self.decode(chunk)]
+            return None
         end = buffer.rfind(b"\n\n") + 2
         if end < 8 or end > self._max or buffer[:6] != b"data: ":
-            return [event.data for event in self.decode(chunk)]
+            return None
         whole = buffer[:end]
         payloads = whole[6:-2].split(b"\n\ndata: ")
         if whole.count(b"\n") != 2 * len(payloads):  # an event of other lines, or other fields
-            return [event.data for event in self.decode(chunk)]
+            return None
         rest = buffer[end:]
-        if b"\n" in rest:  # complete lines of an event not yet ended
-            self._buffer = b""
-            events: list[SSEEvent] = []
-            rest = self._lines(rest, events)
-            payloads += [event.data for event in events]
-        if len(rest) - rest.endswith(b"\r") > self._max:
+        if b"\n" in rest:
+            # Complete lines of an event not yet ended: after the last blank line there is
+            # none, so they only begin the next event (no event completes here).
+            rest = self._lines(rest, [])
+        if len(rest) > self._max:  # (no CR in the buffer)
             raise SSETooLarge(f"a line exceeded {self._max} bytes")
         self._buffer = rest
         return payloads
