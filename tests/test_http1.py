@@ -14,7 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.backends.http1 import Http1Transport
+from gateway.backends.http1 import FixedRequest, Http1Transport, _request_bytes
+from gateway.loops import HOP_HEADER, outgoing_hops
 
 
 class Server:
@@ -285,3 +286,44 @@ async def test_https_backends_are_reached_over_verified_tls_and_kept_alive(nurse
     # A client that does not trust the certificate does not get through.
     with trio.fail_after(10), pytest.raises(httpx2.ConnectError):
         await Http1Transport(max_connections=2, ssl_context=ssl.create_default_context()).handle_async_request(request(url))
+
+
+def test_a_fixed_request_writes_the_bytes_httpx2_would_write_with_its_own_headers_last():
+    headers = {"authorization": "Bearer k", "content-type": "application/json", "accept": "text/event-stream"}
+    url = "http://127.0.0.1:8000/v1/chat/completions"
+    fixed = FixedRequest("POST", url, headers)
+    assert fixed.origin == ("http", "127.0.0.1", 8000)
+    general = httpx2.Request("POST", url, content=b'{"a":1}', headers={**headers, "traceparent": "00-ab-cd-01"})
+    general.headers[HOP_HEADER] = outgoing_hops()
+    assert fixed.message(b'{"a":1}', {"traceparent": "00-ab-cd-01"}) == _request_bytes(
+        "POST", general.url.raw_path, general.headers.raw, general.content
+    )
+    # A header that would replace a fixed one, or is not a plain line, is the general path's (None).
+    assert fixed.message(b"{}", {"Authorization": "Bearer other"}) is None
+    assert fixed.message(b"{}", {"content-length": "1"}) is None
+    assert fixed.message(b"{}", {"x-a": "a\r\nx-injected: 1"}) is None
+    assert fixed.message(b"{}", {"bad name": "v"}) is None
+    assert FixedRequest("POST", "https://example.com/v1/chat/completions?x=1", {}).origin == ("https", "example.com", 443)
+    with pytest.raises(httpx2.UnsupportedProtocol):
+        FixedRequest("POST", "ftp://example.com/x", {})
+
+
+async def test_a_prebuilt_request_is_sent_whole_and_answered_through_the_same_pool(nursery):
+    server = Server(lambda n: [HEAD + b"5\r\nhel", b"lo\r\n0\r\n\r\n"])
+    url = await nursery.start(server.serve)
+    transport = Http1Transport(max_connections=1)
+    fixed = FixedRequest("POST", url + "/v1/chat/completions", {"content-type": "application/json"})
+    with trio.fail_after(10):
+        for _ in range(2):
+            message = fixed.message(b'{"x": 1}')
+            assert message is not None
+            answer = await transport.open(fixed.origin, message, connect_timeout=5, read_timeout=5, write_timeout=5)
+            assert answer.status_code == 200 and answer.headers["content-type"] == "text/event-stream"
+            try:
+                assert b"".join([part async for part in answer.stream]) == b"hello"
+            finally:
+                await answer.aclose()
+        # the general path takes the same (pooled) connection
+        assert await body_of(await transport.handle_async_request(request(url))) == b"hello"
+    assert server.connections == 1 and server.requests[0] == message
+    await transport.aclose()

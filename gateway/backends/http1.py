@@ -33,9 +33,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any, Protocol, TypeVar
 
@@ -45,7 +46,9 @@ import trio
 
 from ..loops import HOP_HEADER, outgoing_hops
 
-__all__ = ["BACKEND_WAIT", "Http1Transport", "WaitClock", "WaitCounter", "counting_waits"]
+__all__ = [
+    "BACKEND_WAIT", "FixedRequest", "Http1Response", "Http1Transport", "WaitClock", "WaitCounter", "counting_waits", "origin_of",
+]
 
 _READ_SIZE = 64 * 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -272,6 +275,74 @@ class _Body(httpx2.AsyncByteStream):
         self._transport._release(self._conn, reusable=reusable)
 
 
+class Http1Response:
+    """A response whose head has arrived: its status, raw headers and body (`_Body`, read as it comes)."""
+
+    __slots__ = ("status_code", "raw_headers", "stream")
+
+    def __init__(self, status_code: int, raw_headers: list[tuple[bytes, bytes]], stream: _Body) -> None:
+        self.status_code = status_code
+        self.raw_headers = raw_headers
+        self.stream = stream
+
+    @property
+    def headers(self) -> httpx2.Headers:
+        return httpx2.Headers(self.raw_headers)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+class FixedRequest:
+    """Requests to one URL with the same method and headers, their head built once.
+
+    The headers are checked and written by httpx2 once, here (its `Host`
+    among them); each request adds only its own: any `extra` headers, the
+    body's length, and the gateways it passed (`x-gateway-hops`).
+    """
+
+    def __init__(self, method: str, url: httpx2.URL | str, headers: Mapping[str, str]) -> None:
+        request = httpx2.Request(method, url, headers=headers)
+        self.origin = origin_of(request.url)
+        fixed = [(name, value) for name, value in request.headers.raw if name.lower() not in _FRAMING]
+        self._names = {name.decode("ascii").lower() for name, _ in fixed} | {"content-length", "transfer-encoding", HOP_HEADER}
+        lines = [method.encode("ascii"), b" ", request.url.raw_path, b" HTTP/1.1\r\n"]
+        for name, value in fixed:
+            lines += (name, b": ", value, b"\r\n")
+        self._head = b"".join(lines)
+
+    def message(self, body: bytes, extra: Mapping[str, str] | None = None) -> bytes | None:
+        """The whole request with `body`; None when `extra` would replace a fixed header or is
+        not a plain header value (the caller then builds the request the general way)."""
+        head = [self._head]
+        if extra:
+            for name, value in extra.items():
+                if name.lower() in self._names or not _PLAIN_HEADER.fullmatch(name) or not _PLAIN_VALUE.fullmatch(value):
+                    return None
+                head.append(b"%b: %b\r\n" % (name.encode("ascii"), value.encode("ascii")))
+        head.append(b"Content-Length: %d\r\n%b: %b\r\n\r\n" % (len(body), _HOP, outgoing_hops().encode("ascii")))
+        head.append(body)
+        return b"".join(head)
+
+
+_HOP = HOP_HEADER.encode("ascii")
+_FRAMING = (b"content-length", b"transfer-encoding")
+_PLAIN_HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a token (RFC 9110)
+_PLAIN_VALUE = re.compile(r"[\x20-\x7e]*")  # printable ASCII: nothing that could end the line
+
+
+def origin_of(url: httpx2.URL) -> Origin:
+    """(scheme, host, port) of an http or https URL.
+
+    Raises:
+        httpx2.UnsupportedProtocol: another scheme.
+    """
+    scheme = url.scheme
+    if scheme not in _DEFAULT_PORTS:
+        raise httpx2.UnsupportedProtocol(f"unsupported URL scheme {scheme!r}")
+    return (scheme, url.host, url.port or _DEFAULT_PORTS[scheme])
+
+
 class Http1Transport(httpx2.AsyncBaseTransport):
     """An httpx2 transport for HTTP/1.1 backends (see the module's docstring)."""
 
@@ -297,18 +368,48 @@ class Http1Transport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         timeouts = request.extensions.get("timeout") or {}
-        connect_timeout = _seconds(timeouts.get("connect"))
-        read_timeout = _seconds(timeouts.get("read"))
-        write_timeout = _seconds(timeouts.get("write"))
-        url = request.url
-        scheme = url.scheme
-        if scheme not in _DEFAULT_PORTS:
-            raise httpx2.UnsupportedProtocol(f"unsupported URL scheme {scheme!r}")
-        origin = (scheme, url.host, url.port or _DEFAULT_PORTS[scheme])
+        origin = origin_of(request.url)
         # Every request to a backend says which gateways it has passed (see gateway.loops).
         request.headers[HOP_HEADER] = outgoing_hops()
-        message = _request_bytes(request.method, url.raw_path, request.headers.raw, request.content)
-        await self._slots.acquire()
+        message = _request_bytes(request.method, request.url.raw_path, request.headers.raw, request.content)
+        answer = await self.open(
+            origin,
+            message,
+            connect_timeout=_seconds(timeouts.get("connect")),
+            read_timeout=_seconds(timeouts.get("read")),
+            write_timeout=_seconds(timeouts.get("write")),
+            bodiless=request.method == "HEAD",
+        )
+        return httpx2.Response(
+            answer.status_code, headers=answer.raw_headers, stream=answer.stream, request=request,
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+    async def open(
+        self,
+        origin: Origin,
+        message: bytes,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        write_timeout: float,
+        bodiless: bool = False,
+    ) -> Http1Response:
+        """Send a whole request (`message`: its head and body, as bytes) to `origin`; its
+        response once the head has arrived, the body still to read.
+
+        The chat path calls this directly with a head built once (`FixedRequest`):
+        no httpx2 request or response objects per call.
+
+        Raises:
+            httpx2.TransportError: as `handle_async_request` (connect, read, write,
+                timeouts, a malformed answer).
+        """
+        slots = self._slots
+        try:
+            slots.acquire_nowait()  # no pass through the scheduler while there is room
+        except trio.WouldBlock:
+            await slots.acquire()
         conn = None
         try:
             while True:
@@ -328,22 +429,18 @@ class Http1Transport(httpx2.AsyncBaseTransport):
                     conn = None
                     continue
                 break
-            parser = conn.parser
-            status = parser.get_status_code()
-            names = {name.lower() for name, _ in conn.headers}
-            conn.framed = b"content-length" in names or b"transfer-encoding" in names
+            status = conn.parser.get_status_code()
+            conn.framed = any(name.lower() in _FRAMING for name, _ in conn.headers)
             keep_alive = conn.keep_alive
-            if request.method == "HEAD":  # no body follows, whatever the headers say
+            if bodiless:  # no body follows, whatever the headers say
                 conn.complete, keep_alive = True, False  # (and the parser would wait for one: not reused)
             body = _Body(self, conn, read_timeout, keep_alive=keep_alive)
         except BaseException:
             if conn is not None:
                 conn.close()
-            self._slots.release()
+            slots.release()
             raise
-        return httpx2.Response(
-            status, headers=conn.headers, stream=body, request=request, extensions={"http_version": b"HTTP/1.1"}
-        )
+        return Http1Response(status, conn.headers, body)
 
     @staticmethod
     async def _exchange(conn: _Connection, message: bytes, read_timeout: float, write_timeout: float) -> None:

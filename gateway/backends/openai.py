@@ -12,6 +12,7 @@ Responses API or about how events reach the client.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -30,7 +31,7 @@ from ..errors import (
 )
 from ..redact import Redactor, public_url
 from ..streams.chunks import ChunkDecoder
-from .http1 import Http1Transport
+from .http1 import FixedRequest, Http1Response, Http1Transport
 from .native import NativeRequest
 
 __all__ = [
@@ -86,7 +87,7 @@ class ChatStream:
         BackendUnavailable: the connection was lost.
     """
 
-    def __init__(self, response: httpx2.Response, *, data_timeout: float, redactor: Redactor) -> None:
+    def __init__(self, response: Http1Response | httpx2.Response, *, data_timeout: float, redactor: Redactor) -> None:
         self.status = response.status_code
         self._chunks = response.stream.__aiter__()  # type: ignore[union-attr]
         self._redact = redactor.stream()
@@ -345,6 +346,8 @@ class OpenAICompatibleBackend:
             "accept": "text/event-stream",
             "accept-encoding": "identity",  # the stream is read raw, so it must not be compressed
         }
+        self._chat = FixedRequest("POST", self._chat_url, self._chat_headers)  # its head, built once
+        self._timeouts = (_seconds(timeout.connect), _seconds(timeout.read), _seconds(timeout.write))
 
     async def aclose(self) -> None:
         await self._client.aclose()  # and its transport
@@ -369,16 +372,8 @@ class OpenAICompatibleBackend:
             body = _without_reasoning_content(body)
         body = _without_signatures(body)
         with naming_errors(self.name, self.url):
-            async with self._open_chat_stream(body, headers, model) as stream:
-                yield stream
-
-    @contextlib.asynccontextmanager
-    async def _open_chat_stream(
-        self, body: dict[str, Any], headers: Mapping[str, str] | None, model: Any
-    ) -> AsyncIterator[ChatStream]:
-        async with contextlib.AsyncExitStack() as stack:
             try:
-                stream = await stack.enter_async_context(self._open_chat(body, headers))
+                response = await self._start_chat(body, headers)
             except BackendStatusError as error:
                 stripped = _without_reasoning_content(body)
                 if stripped is body or not _refuses_reasoning_content(error):
@@ -388,37 +383,51 @@ class OpenAICompatibleBackend:
                 # and so do the model's later ones.  Any other refusal (a context
                 # that is too long) is the client's to see.
                 self._refuses_reasoning_content.add(model)
-                stream = await stack.enter_async_context(self._open_chat(stripped, headers))
-            yield stream
+                response = await self._start_chat(stripped, headers)
+            try:
+                stream = ChatStream(response, data_timeout=self._data_timeout, redactor=self._redactor)
+                stream.backend = self.label
+                yield stream
+            finally:
+                # Closing must finish even when the request is being cancelled (the
+                # client left): that is what tells the backend to stop generating.
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    await response.aclose()
 
-    @contextlib.asynccontextmanager
-    async def _open_chat(self, body: dict[str, Any], headers: Mapping[str, str] | None) -> AsyncIterator[ChatStream]:
+    async def _start_chat(self, body: dict[str, Any], headers: Mapping[str, str] | None) -> Http1Response | httpx2.Response:
+        """A chat request sent and its answer's head read: a success, its body still to read.
+
+        Raises:
+            BackendStatusError: the backend answered an error status (its body read and closed).
+            BackendError: it could not be reached, or timed out.
+        """
         payload = orjson.dumps(body)
-        async with self._send(self._chat_request(payload, headers)) as response:
-            if response.status_code >= 400:
-                error_body = self._redactor.redact_bytes(await read_bounded(response))
-                error = BackendStatusError.from_body(response.status_code, error_body)
-                error.retry_after = retry_after_of(response.headers.get("retry-after"))
-                raise error
-            stream = ChatStream(response, data_timeout=self._data_timeout, redactor=self._redactor)
-            stream.backend = self.label
-            yield stream
+        message = self._chat.message(payload, headers)
+        response: Http1Response | httpx2.Response
+        try:  # (a stale keep-alive connection is retried by the transport)
+            if message is None:  # headers that replace the fixed ones: built the general way
+                response = await self._transport.handle_async_request(self._chat_request(payload, headers))
+            else:
+                connect, read, write = self._timeouts
+                response = await self._transport.open(
+                    self._chat.origin, message, connect_timeout=connect, read_timeout=read, write_timeout=write
+                )
+        except httpx2.TransportError as exc:
+            raise backend_error_from(exc) from exc
+        if response.status_code < 400:
+            return response
+        try:
+            error_body = self._redactor.redact_bytes(await read_bounded(response))
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await response.aclose()
+        error = BackendStatusError.from_body(response.status_code, error_body)
+        error.retry_after = retry_after_of(response.headers.get("retry-after"))
+        raise error
 
     def _chat_request(self, payload: bytes, headers: Mapping[str, str] | None) -> httpx2.Request:
         merged = {**self._chat_headers, **headers} if headers else self._chat_headers
         return httpx2.Request("POST", self._chat_url, content=payload, headers=merged, extensions={"timeout": self._timeout})
-
-    @contextlib.asynccontextmanager
-    async def _send(self, request: httpx2.Request) -> AsyncIterator[httpx2.Response]:
-        with map_backend_errors():  # (a stale keep-alive connection is retried by the transport)
-            response = await self._transport.handle_async_request(request)
-        try:
-            yield response
-        finally:
-            # Closing must finish even when the request is being cancelled (the
-            # client left): that is what tells the backend to stop generating.
-            with trio.CancelScope(shield=True), trio.move_on_after(2):
-                await response.aclose()
 
     # --- counting a prompt's tokens ---------------------------------------------------
 
@@ -553,6 +562,10 @@ class OpenAICompatibleBackend:
                 await response.aclose()
 
 
+def _seconds(value: float | None) -> float:
+    return math.inf if value is None else float(value)
+
+
 def _without_signatures(body: dict[str, Any]) -> dict[str, Any]:
     """The body without `reasoning_signature` (an Anthropic backend's, in a history that moved
     here): no Chat Completions server knows the field, and strict ones refuse unknown fields."""
@@ -603,7 +616,7 @@ def _without_reasoning_content(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "messages": cleaned}
 
 
-async def read_bounded(response: httpx2.Response) -> bytes:
+async def read_bounded(response: Http1Response | httpx2.Response) -> bytes:
     """An error body, at most its first bytes (a backend's error page can be large)."""
     data = bytearray()
     with map_backend_errors():
