@@ -605,6 +605,31 @@ async def test_key_stores_keep_keys_by_digest_and_name(key_store):
     assert not (await store.by_digest(digest(ALICE))).active  # type: ignore[union-attr]
 
 
+async def test_a_sqlite_key_read_on_every_request_costs_one_statement_until_another_connection_changes_the_file(tmp_path):
+    from gateway.keys.stores import SQLiteKeys
+
+    path = str(tmp_path / "keys.sqlite3")
+    serving, operator = SQLiteKeys(path), SQLiteKeys(path)  # the gateway's, and `gateway keys`' (another connection)
+    await operator.put(key("alice", ALICE))
+    statements: list[str] = []
+    serving._file.fast.set_trace_callback(statements.append)  # type: ignore[union-attr]
+    assert (await serving.by_digest(digest(ALICE))).active  # type: ignore[union-attr]
+    statements.clear()
+    for _ in range(3):
+        assert (await serving.by_digest(digest(ALICE))).active  # type: ignore[union-attr]
+    assert statements == ["PRAGMA data_version"] * 3  # remembered while nothing changed
+    alice = await operator.by_name("alice")
+    await operator.put(ApiKey(**{**alice.__dict__, "revoked_at": 5.0}))  # type: ignore[union-attr]
+    assert not (await serving.by_digest(digest(ALICE))).active  # type: ignore[union-attr]  # refused at once
+    await serving.put(ApiKey(**{**alice.__dict__, "revoked_at": None}))  # type: ignore[union-attr]  # its own write
+    assert (await serving.by_digest(digest(ALICE))).active  # type: ignore[union-attr]
+    assert await serving.by_digest(digest(BOB)) is None
+    await operator.put(key("bob", BOB))
+    assert (await serving.by_digest(digest(BOB))).name == "bob"  # type: ignore[union-attr]  # a key created meanwhile
+    await serving.aclose()
+    await operator.aclose()
+
+
 async def test_key_stores_count_in_windows_and_lease_slots(key_store):
     kind, store, now = key_store
     assert await store.add("rpm:k:1", 1, ttl=120) == 1

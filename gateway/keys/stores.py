@@ -146,6 +146,9 @@ CREATE TABLE IF NOT EXISTS key_settings (name TEXT PRIMARY KEY, value TEXT NOT N
 """
 
 
+_KNOWN_KEYS = 1024  # digests remembered by SQLiteKeys.by_digest
+
+
 class SQLiteKeys:
     """Keys and counters in the gateway's SQLite file (shared by the worker processes of one machine).
 
@@ -163,6 +166,8 @@ class SQLiteKeys:
         self._file = SQLiteFile(path, lambda conn: _retry_locked(lambda: conn.executescript(_SCHEMA)))
         self._path = path
         self._clock = clock
+        # Keys as last read, by digest: (the connection, its data_version then, the key or None).
+        self._known: dict[str, tuple[sqlite3.Connection, int, ApiKey | None]] = {}
 
     @property
     def location(self) -> str:
@@ -183,6 +188,7 @@ class SQLiteKeys:
             conn.execute(sql, args)
 
     async def put(self, key: ApiKey) -> None:
+        self._known.clear()
         await self._run(
             self._write,
             "INSERT OR REPLACE INTO api_keys (name, digest, data) VALUES (?, ?, ?)",
@@ -196,8 +202,27 @@ class SQLiteKeys:
         row = conn.execute(sql, args).fetchone()
         return ApiKey.from_json(orjson.loads(row[0])) if row is not None else None
 
+    def _by_digest(self, conn: sqlite3.Connection, key_digest: str) -> ApiKey | None:
+        """The key read on every request, from memory while the file is unchanged.
+
+        `PRAGMA data_version` changes when any other connection commits to the
+        file (`gateway keys` revoking a key, another worker, this process's
+        other connection); this store's own key writes (`put`) forget what was
+        read.  So a revoked key is still refused at its very next request, for
+        the price of one statement instead of a read and a decode.
+        """
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        known = self._known.get(key_digest)
+        if known is not None and known[0] is conn and known[1] == version:
+            return known[2]
+        key = self._one(conn, "SELECT data FROM api_keys WHERE digest = ?", key_digest)
+        if len(self._known) >= _KNOWN_KEYS:
+            self._known.clear()  # (wrong keys are remembered too: a flood of them cannot grow this)
+        self._known[key_digest] = (conn, version, key)
+        return key
+
     async def by_digest(self, key_digest: str) -> ApiKey | None:
-        return await self._run(self._one, "SELECT data FROM api_keys WHERE digest = ?", key_digest)
+        return await self._run(self._by_digest, key_digest)
 
     async def by_name(self, name: str) -> ApiKey | None:
         return await self._run(self._one, "SELECT data FROM api_keys WHERE name = ?", name)
