@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import re
-import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -42,6 +41,7 @@ from .errors import GatewayError, InternalError, InvalidRequest, LoopDetected, S
 from .intake import discard_body
 from .render import Dialect, deny_websocket, dialect_of, send_error
 from .observe import Telemetry, route_of
+from .streams.translator import random_id
 
 __all__ = ["Edge", "TooManyWebSockets", "is_failure"]
 
@@ -133,8 +133,8 @@ class Edge:
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 
-        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope.get("headers", ())}
         route = route_of(scope.get("method", ""), scope.get("path", ""))
+        headers = scope.get("headers", ())
         with self._telemetry.server_span(f"{scope.get('method', '')} {route}", headers, route=route, request_id=request_id):
             try:
                 await self._guarded_http(scope, receive, send_with_id)
@@ -319,7 +319,7 @@ def _request_id(scope: Scope) -> str:
     Kept in `scope["gateway"]` for the turn and the log line.
     """
     given = next((value for name, value in scope.get("headers", ()) if name == b"x-request-id"), b"")
-    request_id = given.decode("ascii") if given and _SANE_ID.fullmatch(given) else f"req_{secrets.token_hex(12)}"
+    request_id = given.decode("ascii") if given and _SANE_ID.fullmatch(given) else random_id("req")
     scope.setdefault("gateway", {})["request_id"] = request_id
     return request_id
 

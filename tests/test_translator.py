@@ -840,3 +840,24 @@ def test_an_error_chunk_keeps_the_backends_error_type() -> None:
     error = next(e for e in events if e["type"] == "error")
     assert (error["error"]["type"], error["code"]) == ("invalid_request_error", "bad_grammar")
     assert translator.response["error"] == {"code": "bad_grammar", "message": "bad grammar"}
+
+
+def test_default_ids_are_128_random_bits_never_repeated_not_even_by_a_forked_child():
+    import os
+    import re
+
+    from gateway.streams.translator import random_id
+
+    ids = [random_id("resp") for _ in range(1000)]
+    assert len(set(ids)) == 1000 and all(re.fullmatch(r"resp_[0-9a-f]{32}", i) for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()  # the rest of the parent's read must not be the child's too
+    if pid == 0:
+        os.write(write, "".join(random_id("c") for _ in range(20)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = set(re.findall(r"c_[0-9a-f]{32}", os.read(read, 1 << 16).decode()))
+    os.close(read)
+    parent = {random_id("c") for _ in range(20)}
+    assert len(child) == 20 and not child & parent

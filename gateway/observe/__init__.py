@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -39,10 +39,11 @@ class Telemetry:
 
     def websocket_closed(self) -> None: ...
 
-    @contextlib.contextmanager
-    def server_span(self, name: str, headers: Mapping[str, str], **attributes: Any) -> Iterator[None]:
-        """Around a whole request; `headers` may carry the caller's `traceparent`."""
-        yield
+    def server_span(
+        self, name: str, headers: Iterable[tuple[bytes, bytes]], **attributes: Any
+    ) -> contextlib.AbstractContextManager[None]:
+        """Around a whole request; `headers` (the request's, raw) may carry the caller's `traceparent`."""
+        return _NO_SPAN
 
     # --- turns ---------------------------------------------------------------------------
 
@@ -64,10 +65,9 @@ class Telemetry:
     def store_operation(self, *, operation: str, seconds: float, ok: bool) -> None:
         """A conversation-store call ended."""
 
-    @contextlib.contextmanager
-    def span(self, name: str, **attributes: Any) -> Iterator[None]:
+    def span(self, name: str, **attributes: Any) -> contextlib.AbstractContextManager[None]:
         """A child span of the current one (a turn, a backend round, an MCP call)."""
-        yield
+        return _NO_SPAN
 
     def trace_headers(self) -> dict[str, str]:
         """Headers that carry the current span to a server the gateway calls (`traceparent`)."""
@@ -81,6 +81,11 @@ class Telemetry:
 
     async def aclose(self) -> None:
         """At shutdown: send what is buffered (spans) and stop."""
+
+
+# What a hook without a span gives: one context manager that does nothing, shared (no generator
+# per request on the hot path).
+_NO_SPAN: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 
 
 class Telemetries(Telemetry):
@@ -124,7 +129,7 @@ class Telemetries(Telemetry):
         self._each("store_operation", **kwargs)
 
     @contextlib.contextmanager
-    def server_span(self, name: str, headers: Mapping[str, str], **attributes: Any) -> Iterator[None]:
+    def server_span(self, name: str, headers: Iterable[tuple[bytes, bytes]], **attributes: Any) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
             for part in self.parts:
                 stack.enter_context(part.server_span(name, headers, **attributes))

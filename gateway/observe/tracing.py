@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -61,8 +61,8 @@ class OpenTelemetryTracing(Telemetry):
         self._tracer = self.provider.get_tracer("gateway")
 
     @contextlib.contextmanager
-    def server_span(self, name: str, headers: Mapping[str, str], **attributes: Any) -> Iterator[None]:
-        parent = _PROPAGATOR.extract(headers)
+    def server_span(self, name: str, headers: Iterable[tuple[bytes, bytes]], **attributes: Any) -> Iterator[None]:
+        parent = _PROPAGATOR.extract({name.decode("latin-1"): value.decode("latin-1") for name, value in headers})
         attrs = {"http.route": attributes.get("route", ""), "gateway.request_id": attributes.get("request_id", "")}
         with self._span(name, kind=SpanKind.SERVER, context=parent, attributes=attrs):
             yield

@@ -154,6 +154,8 @@ def _as_list(value: Any) -> list[Any]:
 
 def to_wire(items: list[dict[str, Any]]) -> list[Any]:
     """Stored item dicts as wire items (an item that no longer parses is skipped)."""
+    if not items:
+        return []
     try:
         return _ITEMS.validate_python(items)
     except ValidationError:
@@ -221,9 +223,8 @@ def conversation_id_of(req: CreateResponseRequest) -> str | None:
     Raises:
         InvalidRequest: a `conversation` that is neither, or given with `previous_response_id`.
     """
-    value = getattr(req, "conversation", None)
-    if value is None:
-        value = (req.model_extra or {}).get("conversation")
+    # (not a declared field: it comes in the request's extras)
+    value = req.model_extra.get("conversation") if req.model_extra else None
     if value is None:
         return None
     if isinstance(value, dict):

@@ -160,7 +160,14 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
 
 # Each refused field with the top-level request field it sits in (`text.verbosity`: `text`).
 _REFUSED = tuple((row.name.partition(".")[0], row) for row in REQUEST_FIELDS if row.fate == "refused" and row.value is None)
-_COPIED: tuple[tuple[str, str], ...] = tuple((row.name, row.chat) for row in REQUEST_FIELDS if row.chat is not None)
+# Each field copied to the chat request: its top-level field, its path, its chat name.
+_COPIED: tuple[tuple[str, str, str], ...] = tuple(
+    (row.name.partition(".")[0], row.name, row.chat) for row in REQUEST_FIELDS if row.chat is not None
+)
+# The request's fields that are not None when the client leaves them out.
+_DEFAULTS_SET = frozenset(
+    name for name, info in CreateResponseRequest.model_fields.items() if info.default is not None or info.default_factory
+)
 _INCLUDES = {row.value: row for row in REQUEST_FIELDS if row.name == "include" and row.value is not None}
 
 
@@ -318,7 +325,11 @@ def plan_chat_request(
     response_format = _response_format(text_format)
     if response_format is not None:
         body["response_format"] = response_format
-    for name, chat_name in _COPIED:
+    sent = req.model_fields_set
+    extra = req.model_extra
+    for top, name, chat_name in _COPIED:
+        if top not in sent and top not in _DEFAULTS_SET and not (extra and top in extra):
+            continue  # not sent, and None unless sent: nothing to copy
         value = _field_value(req, name)
         if value is not None:
             body[chat_name] = value
