@@ -118,7 +118,8 @@ class EventChannelBody(DeferredHeadBody):
         self._last_write = now = trio.current_time()
         self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
-        out_send, self._out_recv = trio.open_memory_channel[bytes](256)
+        out_send: trio.MemorySendChannel[bytes]
+        out_send, self._out_recv = trio.open_memory_channel(256)  # (unsubscripted: no typing work per stream)
         self._beat_send = out_send.clone()
         self._nursery.start_soon(self._run_producer, out_send)
         self._ticket = self._heartbeats.add(self, now + self._interval)
@@ -173,12 +174,17 @@ class EventChannelBody(DeferredHeadBody):
     async def _next_write(self) -> bytes:
         """Everything queued, as one write; StopAsyncIteration when the producers are done."""
         assert self._out_recv is not None
+        receive_nowait = self._out_recv.receive_nowait
         try:
-            first = await self._out_recv.receive()
+            try:
+                # What is queued already is taken at once: a channel's `receive` would
+                # first pass through the scheduler, delaying every write by a round.
+                first = receive_nowait()
+            except trio.WouldBlock:
+                first = await self._out_recv.receive()
         except trio.EndOfChannel:
             raise StopAsyncIteration from None
         parts = [first]
-        receive_nowait = self._out_recv.receive_nowait
         while True:
             try:
                 parts.append(receive_nowait())
