@@ -700,3 +700,10 @@ async def test_models_lists_only_what_a_key_may_use(keyed, client):
     await keys.put(key("carol", CAROL, models=("reason*",)))
     limited = await client.get(url + "/v1/models", headers=auth(CAROL))
     assert limited.status_code == 200 and limited.json() == {"object": "list", "data": []}
+
+
+def test_a_key_digest_is_sha256_whichever_implementation_computes_it():
+    import hashlib
+
+    for secret in (ALICE, "sk-gw-" + "0f" * 32, "ключ-ünïcode"):
+        assert digest(secret) == hashlib.sha256(secret.encode()).hexdigest()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import hashlib
+import importlib
 import math
 import secrets
 import time
@@ -82,7 +83,26 @@ def new_secret() -> str:
 
 
 def digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
+    return _sha256(secret.encode()).hexdigest()
+
+
+def _builtin_sha256() -> Any:
+    """CPython's own SHA-256 (`_sha256`; `_sha2` from 3.12), else OpenSSL's through hashlib.
+
+    Every request's key is hashed once, on a core that was idle a moment
+    before: OpenSSL 3's digest set-up (its algorithm fetch and context
+    layers) then cost ~23 us in place of ~0.4 us warm; the interpreter's
+    built-in one, ~6 us.  The digests are the same.
+    """
+    for module in ("_sha2", "_sha256"):
+        try:
+            return importlib.import_module(module).sha256
+        except (ImportError, AttributeError):
+            continue
+    return hashlib.sha256
+
+
+_sha256 = _builtin_sha256()
 
 
 @dataclass(frozen=True)
