@@ -1142,3 +1142,17 @@ def test_the_skeleton_is_valid_when_every_optional_field_is_null() -> None:
     validate_response(response)
     assert response["reasoning"] is None
     assert response["tool_choice"] == "auto"
+
+
+async def test_a_string_inputs_wire_item_is_what_its_stored_record_reads_back_as():
+    from gateway.turn.conversation import prepare, to_wire
+
+    req = parse_create_request(b'{"model": "m", "input": "Say \\u00e9t\\u00e9, \\"quoted\\"\\n."}')
+    prepared = await prepare(None, req, lambda prefix: f"{prefix}_1")
+    (record,) = prepared.input_records
+    assert record == {
+        "id": "msg_1", "type": "message", "role": "user", "status": "completed",
+        "content": [{"type": "input_text", "text": 'Say été, "quoted"\n.'}],
+    }
+    assert prepared.input == to_wire([record])  # built directly, equal to the validated form
+    assert prepared.input[0].model_dump() == to_wire([record])[0].model_dump()

@@ -22,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from ..errors import GatewayError, InvalidRequest, NotFound
 from ..store import StoredResponse
-from ..wire import CreateResponseRequest, InputItem, ItemReference
+from ..wire import CreateResponseRequest, InputItem, InputText, ItemReference, MessageItem
 from .plan import results_without_calls
 
 __all__ = [
@@ -92,7 +92,7 @@ async def prepare(store: Records | None, req: CreateResponseRequest, ids: Callab
         else:
             resolved.append(record)
             # The request's own items are wire items already; only a string input needs building.
-            wire += to_wire([record]) if item is None else [item]
+            wire.append(item if item is not None else _user_text(record))
     return Prepared(history=to_wire(history), input=wire, input_records=resolved)
 
 
@@ -150,6 +150,13 @@ def _as_list(value: Any) -> list[Any]:
     if isinstance(value, str):
         return [None]  # one user message, built by input_item_records
     return list(value)
+
+
+def _user_text(record: dict[str, Any]) -> MessageItem:
+    """The wire item of a string input's record (`input_item_records`), as `to_wire` would
+    make it, built directly: its text was validated with the request."""
+    text = InputText.model_construct(type="input_text", text=record["content"][0]["text"])
+    return MessageItem.model_construct(type="message", role="user", content=[text], id=record["id"], status="completed")
 
 
 def to_wire(items: list[dict[str, Any]]) -> list[Any]:
