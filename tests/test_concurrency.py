@@ -33,11 +33,13 @@ class ChannelBackend:
 
     def __init__(self) -> None:
         self.answer = trio.Event()
+        self.asked = trio.Event()  # a request reached it
         self.send, self.recv = trio.open_memory_channel[bytes](100)
         self.closed = trio.Event()
 
     @contextlib.asynccontextmanager
     async def open_chat_stream(self, body: dict[str, Any], headers: Any = None, native: Any = None) -> AsyncIterator[Any]:
+        self.asked.set()
         try:
             await self.answer.wait()
             yield _DecodedChannel(self.recv)
@@ -96,7 +98,8 @@ async def test_heartbeats_start_before_the_backend_answers_and_repeat_each_silen
     body = await make_body(backend, interval=2.0, nursery=nursery)
     writes: list[tuple[float, bytes]] = []
     start = trio.current_time()
-    async with body:
+
+    async def write(body: TurnEventStream) -> None:
         status, headers = await body.head()
         assert status == 200 and headers["content-type"].startswith("text/event-stream")
         async for data in body:
@@ -105,6 +108,8 @@ async def test_heartbeats_start_before_the_backend_answers_and_repeat_each_silen
                 backend.answer.set()
                 await backend.send.send(b"data: " + orjson.dumps(chunk({"content": "late"})) + b"\n\n")
                 await backend.send.send(b"data: [DONE]\n\n")
+
+    await body.serve(write)
     times = [t for t, _ in writes]
     # The stream commits (created + in_progress) after half an interval with no
     # answer, then a heartbeat follows every further interval of silence.
@@ -120,7 +125,8 @@ async def test_no_heartbeat_while_events_keep_flowing(autojump_clock, nursery):
     backend.answer.set()
     body = await make_body(backend, interval=2.0, nursery=nursery)
     seen: list[bytes] = []
-    async with body:
+
+    async def write(body: TurnEventStream) -> None:
         await body.head()
         async for data in body:
             seen.append(data)
@@ -129,6 +135,8 @@ async def test_no_heartbeat_while_events_keep_flowing(autojump_clock, nursery):
                 await backend.send.send(b"data: " + orjson.dumps(chunk({"content": "x"})) + b"\n\n")
             elif len(seen) == 6:
                 await backend.send.send(b"data: [DONE]\n\n")
+
+    await body.serve(write)
     assert HEARTBEAT not in seen
 
 
@@ -136,11 +144,31 @@ async def test_leaving_the_body_early_cancels_the_backend_call(autojump_clock, n
     backend = ChannelBackend()
     backend.answer.set()
     body = await make_body(backend, interval=5.0, nursery=nursery)
-    async with body:
+
+    async def write(body: TurnEventStream) -> None:
         await body.head()
         async for data in body:
-            break  # the consumer stops, as Quart does when its client is gone
+            break  # the send loop stops, as an HTTP layer does when its client is gone
+
+    with trio.fail_after(5):
+        await body.serve(write)
     assert backend.closed.is_set()
+
+
+async def test_the_turn_reaches_its_backend_before_the_send_loop_takes_its_first_step(autojump_clock, nursery):
+    backend = ChannelBackend()
+    body = await make_body(backend, interval=5.0, nursery=nursery)
+    asked_first: list[bool] = []
+
+    async def write(body: TurnEventStream) -> None:
+        asked_first.append(backend.asked.is_set())  # the turn runs in serve's own task, ahead of this one
+        backend.answer.set()
+        await backend.send.send(b"data: [DONE]\n\n")
+        async for _ in body:
+            pass
+
+    await body.serve(write)
+    assert asked_first == [True]
 
 
 async def test_client_disconnect_closes_the_upstream_request(gateway_url, backend):
@@ -205,11 +233,14 @@ async def test_events_already_queued_are_coalesced_into_one_write(autojump_clock
     backend.answer.set()
     body = await make_body(backend, interval=5.0, nursery=nursery)
     writes: list[bytes] = []
-    async with body:
+
+    async def write(body: TurnEventStream) -> None:
         await body.head()
         await trio.testing.wait_all_tasks_blocked()  # let the producers queue everything
         async for data in body:
             writes.append(data)
+
+    await body.serve(write)
     frames = parse_sse(b"".join(writes))
     assert len(frames) > 50 and frames[-1] == "[DONE]"
     assert len(writes) < 5
@@ -233,12 +264,15 @@ async def test_a_finished_body_is_not_kept_alive_by_the_heartbeat_wheel(autojump
     backend.answer.set()
     body = await make_body(backend, interval=60.0, nursery=nursery)
     wheel = body._heartbeats._wheel
-    async with body:
+
+    async def write(body: TurnEventStream) -> None:
         await body.head()
         await backend.send.send(b"data: " + orjson.dumps(chunk({"content": "x"})) + b"\n\n")
         await backend.send.send(b"data: [DONE]\n\n")
         async for _ in body:
             pass
+
+    await body.serve(write)
     assert sum(len(slot) for slot in wheel.values()) == 1  # its slot has not come up yet
     finished = weakref.ref(body)
     del body

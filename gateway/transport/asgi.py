@@ -13,6 +13,7 @@ This is the one bridge between the transports and Quart: a route returns
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -20,7 +21,7 @@ import trio
 from quart import Response
 from quart_trio.asgi import TrioASGIHTTPConnection
 
-from .sse import DeferredHeadBody, EventChannelBody
+from .sse import DeferredHeadBody
 
 __all__ = ["BodyConnection", "as_response", "send_body", "stream"]
 
@@ -31,28 +32,29 @@ Send = Callable[[Message], Awaitable[None]]
 
 async def send_body(body: DeferredHeadBody, send: Send) -> None:
     """Status and headers once the body has decided them, every write, then the end."""
-    async with body:
-        status, headers = await body.head()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()],
-            }
-        )
-        async for data in body:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-    if isinstance(body, EventChannelBody) and body.stalled:
-        return  # the client stopped reading: the server closes the unfinished response's connection
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    await body.serve(functools.partial(_write, send=send))
 
 
 async def stream(body: DeferredHeadBody, receive: Receive, send: Send) -> None:
     """`send_body`, ended at once when the client disconnects."""
-    async with trio.open_nursery() as nursery:  # owned here: the body's writer and the disconnect watch
-        nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
-        await send_body(body, send)
-        nursery.cancel_scope.cancel()
+    await body.serve(functools.partial(_write, send=send), functools.partial(_watch_disconnect, receive))
+
+
+async def _write(body: DeferredHeadBody, send: Send) -> None:
+    """The send loop over a body: its status line once decided, every write, then the end."""
+    status, headers = await body.head()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()],
+        }
+    )
+    async for data in body:
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+    if body.stalled:
+        return  # the client stopped reading: the server closes the unfinished response's connection
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:

@@ -1,10 +1,12 @@
 """Server-sent events: response bodies that run a turn and write its events as they come.
 
-A streamed body owns the request's nursery: opened in `__aenter__` and
-closed in `__aexit__`, both in the task that runs the HTTP layer's send
-loop (never inside an async generator).  In it runs the turn, linked to the
-send loop by one memory channel of encoded bytes, which the process's one
-heartbeat ticker (heartbeats.py) also feeds:
+Every body is written by the HTTP layer's send loop (`write`), which the
+body runs in `serve`.  A streamed body owns the request's nursery, opened and
+closed in `serve` (never inside an async generator): the turn runs in the
+task that called it, so that it reaches its backend before anything else is
+set up, and the send loop (and the disconnect watch the HTTP layer may ask
+for) run beside it, linked by one memory channel of encoded bytes, which the
+process's one heartbeat ticker (heartbeats.py) also feeds:
 
     the turn (backend rounds, tool calls) --bytes--> send loop (writes)
     the process's heartbeat ticker        --bytes--/
@@ -18,7 +20,7 @@ into bytes and decide nothing about the protocol.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
@@ -57,13 +59,35 @@ SSE_HEADERS = {
 _MAX_HEAD_WAIT = 1.0
 
 
+# The HTTP layer's send loop over a body (`head()`, the status line, every write, the end).
+Write = Callable[["DeferredHeadBody"], Awaitable[None]]
+# Waits until the client has left, then cancels the scope it is given.
+Watch = Callable[[trio.CancelScope], Awaitable[None]]
+
+
 class DeferredHeadBody:
     """A response body that decides its status and headers after starting: every transport's body.
 
-    The HTTP layer enters the body (`async with`), awaits `head()` and only
-    then sends the status line, then every write it iterates: the body may
-    first wait (bounded) for its upstream's answer, or run a turn to its end.
+    The HTTP layer has the body run its send loop (`serve`), which awaits
+    `head()` and only then sends the status line, then every write it
+    iterates: the body may first wait (bounded) for its upstream's answer,
+    or run a turn to its end.  Set up and torn down around the send loop by
+    `async with`, unless the body serves otherwise.
     """
+
+    stalled = False  # the client stopped reading: the connection is dropped, unfinished
+
+    async def serve(self, write: Write, watch: Watch | None = None) -> None:
+        """Run the send loop `write(self)`; with `watch`, all of it ends at once when the client leaves."""
+        if watch is None:
+            async with self:
+                await write(self)
+            return
+        async with trio.open_nursery() as nursery:  # owned here: the disconnect watch beside the send loop
+            nursery.start_soon(watch, nursery.cancel_scope)
+            async with self:
+                await write(self)
+            nursery.cancel_scope.cancel()
 
     async def __aenter__(self) -> DeferredHeadBody:
         return self
@@ -83,9 +107,10 @@ class DeferredHeadBody:
 class EventChannelBody(DeferredHeadBody):
     """A streamed body fed by a memory channel of encoded bytes, kept alive by the process's ticker.
 
-    Writes coalesce what is already queued.  `produce` is the one producer;
-    it owns the sending end it is given.  The `Heartbeats` ticker looks at
-    the body once per interval (`beat`): after `interval` seconds without a
+    Writes coalesce what is already queued.  `produce` is the one producer,
+    run by `serve` in its caller's task; it owns the sending end it is
+    given.  The `Heartbeats` ticker looks at the body once per interval
+    (`beat`): after `interval` seconds without a
     write it queues a keep-alive, and a write the client has left unread
     for the ticker's `stall_timeout` closes the stream (`stalled`; the HTTP
     layer then drops the connection).
@@ -99,10 +124,6 @@ class EventChannelBody(DeferredHeadBody):
         self._beat_send: trio.MemorySendChannel[bytes] | None = None  # the ticker's way in
         self._last_write = 0.0
         self._handed_at: float | None = None  # a write is with the HTTP layer since then
-        # The producer's own scope: cancelling the nursery's scope would also
-        # cancel the HTTP layer's send loop, which runs inside it (done on a stall only).
-        self._producer_scope = trio.CancelScope()
-        self._nursery_cm: Any = None
         self._nursery: trio.Nursery | None = None
         self._over = False
         self._beats_over = False
@@ -114,16 +135,43 @@ class EventChannelBody(DeferredHeadBody):
     async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
         raise NotImplementedError
 
-    async def __aenter__(self) -> EventChannelBody:
+    async def serve(self, write: Write, watch: Watch | None = None) -> None:
         self._last_write = now = trio.current_time()
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
         out_send: trio.MemorySendChannel[bytes]
-        out_send, self._out_recv = trio.open_memory_channel(256)  # (unsubscripted: no typing work per stream)
+        out_send, out_recv = trio.open_memory_channel(256)  # (unsubscripted: no typing work per stream)
+        self._out_recv = out_recv
         self._beat_send = out_send.clone()
-        self._nursery.start_soon(self._run_producer, out_send)
-        self._ticket = self._heartbeats.add(self, now + self._interval)
-        return self
+        try:
+            async with trio.open_nursery() as nursery:  # owned here: the send loop and the watch beside the producer
+                self._nursery = nursery
+                nursery.start_soon(self._run_writer, write, watch, now + self._interval)
+                await self._run_producer(out_send)
+        finally:
+            self._stop_beats()
+            self._over = True
+            if self._ticket is not None:
+                self._ticket.cancel()  # the wheel lets go of this body (and its response) now
+            out_recv.close()
+            self.closed()
+
+    async def _run_writer(self, write: Write, watch: Watch | None, first_beat: float) -> None:
+        # The send loop's first step comes when the producer first waits (for its backend):
+        # what only the waits need (the watch, the ticker's look) is set up from here, after
+        # the backend was asked.
+        assert self._nursery is not None
+        if watch is not None:
+            self._nursery.start_soon(watch, self._nursery.cancel_scope)
+        self._ticket = self._heartbeats.add(self, first_beat)
+        try:
+            await write(self)
+        except trio.Cancelled:
+            self.client_left = True  # (the watch saw the client leave, or the server ended the request)
+            raise
+        finally:
+            if self.stalled:
+                self.client_left = True
+            # Everything useful has been sent (or the client left): the producer and the watch stop.
+            self._nursery.cancel_scope.cancel()
 
     def __aiter__(self) -> EventChannelBody:
         return self
@@ -136,24 +184,6 @@ class EventChannelBody(DeferredHeadBody):
         self._handed_at = self._last_write
         return data
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc_type is not None and issubclass(exc_type, trio.Cancelled) or self.stalled:
-            self.client_left = True
-        # Everything useful has been sent (or the client left): stop the producer.
-        self._producer_scope.cancel()
-        self._stop_beats()
-        self._over = True
-        if self._ticket is not None:
-            self._ticket.cancel()  # the wheel lets go of this body (and its response) now
-        try:
-            await self._nursery_cm.__aexit__(exc_type, exc, tb)
-        finally:
-            if self._out_recv is not None:
-                self._out_recv.close()
-            self.closed()
-
     def closed(self) -> None:
         """Called once the body is done (sent, or the client left)."""
 
@@ -165,11 +195,10 @@ class EventChannelBody(DeferredHeadBody):
 
     async def _run_producer(self, out_send: trio.MemorySendChannel[bytes]) -> None:
         async with out_send:
-            with self._producer_scope:
-                try:
-                    await self.produce(out_send)
-                finally:
-                    self._stop_beats()  # with the producer's end closed, the writer sees the channel's end
+            try:
+                await self.produce(out_send)
+            finally:
+                self._stop_beats()  # with the producer's end closed, the writer sees the channel's end
 
     async def _next_write(self) -> bytes:
         """Everything queued, as one write; StopAsyncIteration when the producers are done."""
