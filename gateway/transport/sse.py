@@ -110,10 +110,10 @@ class EventChannelBody(DeferredHeadBody):
     Writes coalesce what is already queued.  `produce` is the one producer,
     run by `serve` in its caller's task; it owns the sending end it is
     given.  The `Heartbeats` ticker looks at the body once per interval
-    (`beat`): after `interval` seconds without a
-    write it queues a keep-alive, and a write the client has left unread
-    for the ticker's `stall_timeout` closes the stream (`stalled`; the HTTP
-    layer then drops the connection).
+    (`beat`): after `interval` seconds without a write it queues a
+    keep-alive, and a write the client has left unread for the ticker's
+    `stall_timeout` closes the stream (`stalled`; the HTTP layer then drops
+    the connection).
     """
 
     def __init__(self, heartbeats: Heartbeats, telemetry: Telemetry | None = None) -> None:
