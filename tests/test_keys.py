@@ -630,6 +630,47 @@ async def test_a_sqlite_key_read_on_every_request_costs_one_statement_until_anot
     await operator.aclose()
 
 
+async def test_sqlite_key_settles_of_one_pass_share_a_commit_and_a_failure_reaches_every_caller(tmp_path):
+    import sqlite3
+
+    from gateway.errors import StoreUnavailable
+    from gateway.keys.stores import SQLiteKeys
+
+    path = tmp_path / "settles.sqlite3"
+    store = SQLiteKeys(str(path))
+    for n in range(4):
+        assert await store.acquire("streams:k", f"s{n}", 10, 1e12, 0.0)
+    commits: list[str] = []
+    store._file.fast.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)  # type: ignore[union-attr]
+    async with trio.open_nursery() as nursery:
+        for n in range(20):  # twenty requests end together: four give back a slot, all count tokens
+            release = ("streams:k", f"s{n}") if n < 4 else None
+            nursery.start_soon(store.settle, release, [("tokens:k", n, 0.0), ("tpm:k:1", 1, 120.0)])
+    assert commits == ["COMMIT"]  # one transaction
+    assert await store.read("tokens:k") == sum(range(20)) and await store.read("tpm:k:1") == 20
+    assert await store.acquire("streams:k", "new", 1, 1e12, 0.0)  # every slot was given back
+
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    store._file.conn.execute("PRAGMA busy_timeout = 50")
+    failures: list[str] = []
+
+    async def settle(n: int) -> None:
+        try:
+            await store.settle(None, [("tokens:k", 1, 0.0)])
+        except StoreUnavailable as exc:
+            failures.append(exc.code or "")
+
+    async with trio.open_nursery() as nursery:
+        for n in range(5):
+            nursery.start_soon(settle, n)
+    assert failures == ["store_unavailable"] * 5  # none of them is told it was counted
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    assert await store.read("tokens:k") == sum(range(20))
+    await store.aclose()
+
+
 async def test_key_stores_count_in_windows_and_lease_slots(key_store):
     kind, store, now = key_store
     assert await store.add("rpm:k:1", 1, ttl=120) == 1

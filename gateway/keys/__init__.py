@@ -544,8 +544,10 @@ class Limiter:
             if tokens is not None:
                 counters += [(counter, -amount, 120.0) for counter, amount in slot.reserved.items() if amount]
         if caller.key is not None and tokens:
-            minute, _ = self._minute()
-            counters += [(f"tpm:{caller.key.id}:{minute}", tokens, 120.0), (f"tokens:{caller.key.id}", tokens, 0.0)]
+            if caller.limits.tpm is not None:  # (the minute's count matters only to a key with a limit)
+                minute, _ = self._minute()
+                counters.append((f"tpm:{caller.key.id}:{minute}", tokens, 120.0))
+            counters.append((f"tokens:{caller.key.id}", tokens, 0.0))
         if self.store is None or (release is None and not counters):
             return
         with trio.CancelScope(shield=True), trio.move_on_after(5):

@@ -147,6 +147,8 @@ CREATE TABLE IF NOT EXISTS key_settings (name TEXT PRIMARY KEY, value TEXT NOT N
 
 
 _KNOWN_KEYS = 1024  # digests remembered by SQLiteKeys.by_digest
+# A request's end: the stream slot to give back, and (counter, amount, ttl) to add.
+_Settlement = tuple[tuple[str, str] | None, Sequence[tuple[str, int, float]]]
 
 
 class SQLiteKeys:
@@ -161,9 +163,10 @@ class SQLiteKeys:
     """
 
     def __init__(self, path: str, *, clock: Callable[[], float] = time.time) -> None:
-        from ..store.sqlite import SQLiteFile, _retry_locked
+        from ..store.sqlite import PassBatches, SQLiteFile, _retry_locked
 
         self._file = SQLiteFile(path, lambda conn: _retry_locked(lambda: conn.executescript(_SCHEMA)))
+        self._settles = PassBatches[_Settlement](self._settle_batch, self._settle_failure)
         self._path = path
         self._clock = clock
         # Keys as last read, by digest: (the connection, its data_version then, the key or None).
@@ -319,18 +322,32 @@ class SQLiteKeys:
     async def release(self, pool: str, slot: str) -> None:
         await self._run(self._write, "DELETE FROM key_slots WHERE pool = ? AND slot = ?", pool, slot)
 
-    def _settle(
-        self, conn: sqlite3.Connection, release: tuple[str, str] | None, counters: Sequence[tuple[str, int, float]]
-    ) -> None:
+    async def settle(self, release: tuple[str, str] | None, counters: Sequence[tuple[str, int, float]]) -> None:
+        """Requests that end in the same pass of the event loop settle in one transaction
+        (`PassBatches`, as the conversation store's saves do)."""
+        await self._settles((release, counters))
+
+    async def _settle_batch(self, batch: list[_Settlement]) -> None:
+        await self._run(self._settle, batch)
+
+    def _settle(self, conn: sqlite3.Connection, batch: list[_Settlement]) -> None:
+        releases = [release for release, _ in batch if release is not None]
+        totals: dict[str, tuple[int, float]] = {}  # each counter once, with the batch's sum
+        for _, counters in batch:
+            for counter, amount, ttl in counters:
+                total, _ttl = totals.get(counter, (0, ttl))
+                totals[counter] = (total + amount, ttl)
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            if release is not None:
-                conn.execute("DELETE FROM key_slots WHERE pool = ? AND slot = ?", release)
-            for counter, amount, ttl in counters:
+            if releases:
+                conn.executemany("DELETE FROM key_slots WHERE pool = ? AND slot = ?", releases)
+            for counter, (amount, ttl) in totals.items():
                 self._count(conn, counter, amount, ttl)
 
-    async def settle(self, release: tuple[str, str] | None, counters: Sequence[tuple[str, int, float]]) -> None:
-        await self._run(self._settle, release, counters)
+    def _settle_failure(self, error: BaseException) -> BaseException:
+        if isinstance(error, StoreUnavailable):
+            return error
+        return StoreUnavailable("The key store failed; try again.", cause=f"key store ({self.location}): {type(error).__name__}")
 
     async def aclose(self) -> None:
         await self._file.aclose()

@@ -44,8 +44,8 @@ import os
 import pathlib
 import sqlite3
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
 
 import trio
 
@@ -63,7 +63,7 @@ from .base import (
 
 T = TypeVar("T")
 
-__all__ = ["SQLiteStore"]
+__all__ = ["PassBatches", "SQLiteStore"]
 
 log = logging.getLogger("gateway.store")
 
@@ -171,16 +171,60 @@ class SQLiteFile:
 _FAILED = "The conversation store failed; try again."
 
 
-class _Save:
-    """A record waiting in a batch, and what became of it."""
+def _store_failure(error: BaseException) -> BaseException:
+    return error if isinstance(error, StoreUnavailable) else StoreUnavailable(_FAILED)
 
-    __slots__ = ("data", "record", "done", "error")
 
-    def __init__(self, data: bytes, record: StoredResponse) -> None:
-        self.data = data
-        self.record = record
+class PassBatches(Generic[T]):
+    """Writes asked for in the same pass of the event loop, made in one transaction.
+
+    The first call of a pass yields once, so that the others ready to write
+    join it, then has `write_batch` make them all: a commit costs tens of µs
+    of page writes however many rows it carries.  Each caller returns only
+    once its own write is committed, or raises (`failed(error)` for every
+    write of a failed batch; the caller that ran it gets the error as it
+    happened).  Shielded: a batch carries other callers' writes.
+    """
+
+    def __init__(
+        self, write_batch: Callable[[list[T]], Awaitable[None]], failed: Callable[[BaseException], BaseException]
+    ) -> None:
+        self._write_batch = write_batch
+        self._failed = failed
+        self._waiting: list[_Waiting[T]] = []  # the batch being gathered
+
+    async def __call__(self, item: T) -> None:
+        mine = _Waiting(item)
+        self._waiting.append(mine)
+        with trio.CancelScope(shield=True):
+            if len(self._waiting) > 1:
+                await mine.done.wait()  # another call is gathering the batch
+            else:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                batch, self._waiting = self._waiting, []
+                try:
+                    await self._write_batch([waiting.item for waiting in batch])
+                except BaseException as exc:
+                    failed = self._failed(exc)
+                    for waiting in batch:
+                        waiting.error = failed
+                    raise
+                finally:
+                    for waiting in batch:
+                        waiting.done.set()
+        if mine.error is not None:
+            raise mine.error
+
+
+class _Waiting(Generic[T]):
+    """A write waiting in a batch, and what became of it."""
+
+    __slots__ = ("item", "done", "error")
+
+    def __init__(self, item: T) -> None:
+        self.item = item
         self.done = trio.Event()
-        self.error: StoreUnavailable | None = None
+        self.error: BaseException | None = None
 
 
 class SQLiteStore:
@@ -191,7 +235,7 @@ class SQLiteStore:
         self._ttl = ttl
         self._clock = clock
         self._file = SQLiteFile(path, self._setup, auto_vacuum=True)
-        self._saves: list[_Save] = []  # the batch being gathered (see `save`)
+        self._saves = PassBatches[tuple[bytes, StoredResponse]](self._save_batch, _store_failure)
         self._maintenance = trio.CancelScope()  # `run_maintenance`'s, cancelled by `aclose`
 
     def _setup(self, conn: sqlite3.Connection) -> None:
@@ -255,38 +299,16 @@ class SQLiteStore:
             raise StoreUnavailable(_FAILED) from exc
 
     async def save(self, record: StoredResponse) -> None:
-        """Records saved in the same pass of the event loop share one transaction.
+        """Records saved in the same pass of the event loop share one transaction (`PassBatches`)."""
+        await self._saves((encode_record(record), record))
 
-        The first save of a pass yields once, so that the others ready to
-        save join it, then writes them all: a commit costs tens of µs of
-        page writes however many records it carries.  Each caller still
-        returns only once its record is committed (or raises for all).
-        """
-        mine = _Save(encode_record(record), record)
-        self._saves.append(mine)
-        with trio.CancelScope(shield=True):  # a batch carries other callers' records
-            if len(self._saves) > 1:
-                await mine.done.wait()  # another save is gathering the batch
-            else:
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                batch, self._saves = self._saves, []
-                try:
-                    await self._run(self._save_batch, batch)
-                except BaseException as exc:
-                    failed = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(_FAILED)
-                    for save in batch:
-                        save.error = failed
-                    raise  # this caller's own failure, as it happened
-                finally:
-                    for save in batch:
-                        save.done.set()
-        if mine.error is not None:
-            raise mine.error
+    async def _save_batch(self, batch: list[tuple[bytes, StoredResponse]]) -> None:
+        await self._run(self._write_batch, batch)
 
-    def _save_batch(self, conn: sqlite3.Connection, batch: list[_Save]) -> None:
+    def _write_batch(self, conn: sqlite3.Connection, batch: list[tuple[bytes, StoredResponse]]) -> None:
         with _transaction(conn):
-            for save in batch:
-                self._write(conn, save.data, save.record)
+            for data, record in batch:
+                self._write(conn, data, record)
 
     def _write(self, conn: sqlite3.Connection, data: bytes, record: StoredResponse) -> None:
         response_id = record.id

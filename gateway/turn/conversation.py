@@ -22,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from ..errors import GatewayError, InvalidRequest, NotFound
 from ..store import StoredResponse
-from ..wire import CreateResponseRequest, InputItem, InputText, ItemReference, MessageItem
+from ..wire import CreateResponseRequest, InputItem, ItemReference, MessageItem
 from .plan import results_without_calls
 
 __all__ = [
@@ -153,10 +153,9 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _user_text(record: dict[str, Any]) -> MessageItem:
-    """The wire item of a string input's record (`input_item_records`), as `to_wire` would
-    make it, built directly: its text was validated with the request."""
-    text = InputText.model_construct(type="input_text", text=record["content"][0]["text"])
-    return MessageItem.model_construct(type="message", role="user", content=[text], id=record["id"], status="completed")
+    """The wire item of a string input's record (`input_item_records`), as `to_wire` makes it,
+    by the message's own schema rather than the whole input-item union's."""
+    return MessageItem.model_validate(record)
 
 
 def to_wire(items: list[dict[str, Any]]) -> list[Any]:
