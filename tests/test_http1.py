@@ -304,6 +304,9 @@ def test_a_fixed_request_writes_the_bytes_httpx2_would_write_with_its_own_header
     assert fixed.message(b"{}", {"x-a": "a\r\nx-injected: 1"}) is None
     assert fixed.message(b"{}", {"bad name": "v"}) is None
     assert FixedRequest("POST", "https://example.com/v1/chat/completions?x=1", {}).origin == ("https", "example.com", 443)
+    assert fixed.timeouts == (float("inf"),) * 3  # none given: none
+    timed = FixedRequest("POST", url, headers, httpx2.Timeout(connect=1.0, read=None, write=3.0, pool=None))
+    assert timed.timeouts == (1.0, float("inf"), 3.0)
     with pytest.raises(httpx2.UnsupportedProtocol):
         FixedRequest("POST", "ftp://example.com/x", {})
 

@@ -298,12 +298,17 @@ class FixedRequest:
 
     The headers are checked and written by httpx2 once, here (its `Host`
     among them); each request adds only its own: any `extra` headers, the
-    body's length, and the gateways it passed (`x-gateway-hops`).
+    body's length, and the gateways it passed (`x-gateway-hops`).  `timeouts`
+    are what `Http1Transport.open` takes (connect, read, write; None: none).
     """
 
-    def __init__(self, method: str, url: httpx2.URL | str, headers: Mapping[str, str]) -> None:
+    def __init__(
+        self, method: str, url: httpx2.URL | str, headers: Mapping[str, str], timeout: httpx2.Timeout | None = None
+    ) -> None:
         request = httpx2.Request(method, url, headers=headers)
         self.origin = origin_of(request.url)
+        limits = timeout or httpx2.Timeout(None)
+        self.timeouts = (_seconds(limits.connect), _seconds(limits.read), _seconds(limits.write))
         fixed = [(name, value) for name, value in request.headers.raw if name.lower() not in _FRAMING]
         self._names = {name.decode("ascii").lower() for name, _ in fixed} | {"content-length", "transfer-encoding", HOP_HEADER}
         lines = [method.encode("ascii"), b" ", request.url.raw_path, b" HTTP/1.1\r\n"]

@@ -12,7 +12,6 @@ Responses API or about how events reach the client.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -346,8 +345,7 @@ class OpenAICompatibleBackend:
             "accept": "text/event-stream",
             "accept-encoding": "identity",  # the stream is read raw, so it must not be compressed
         }
-        self._chat = FixedRequest("POST", self._chat_url, self._chat_headers)  # its head, built once
-        self._timeouts = (_seconds(timeout.connect), _seconds(timeout.read), _seconds(timeout.write))
+        self._chat = FixedRequest("POST", self._chat_url, self._chat_headers, timeout)  # its head, built once
 
     async def aclose(self) -> None:
         await self._client.aclose()  # and its transport
@@ -408,7 +406,7 @@ class OpenAICompatibleBackend:
             if message is None:  # headers that replace the fixed ones: built the general way
                 response = await self._transport.handle_async_request(self._chat_request(payload, headers))
             else:
-                connect, read, write = self._timeouts
+                connect, read, write = self._chat.timeouts
                 response = await self._transport.open(
                     self._chat.origin, message, connect_timeout=connect, read_timeout=read, write_timeout=write
                 )
@@ -560,10 +558,6 @@ class OpenAICompatibleBackend:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await response.aclose()
-
-
-def _seconds(value: float | None) -> float:
-    return math.inf if value is None else float(value)
 
 
 def _without_signatures(body: dict[str, Any]) -> dict[str, Any]:

@@ -155,9 +155,9 @@ class EventChannelBody(DeferredHeadBody):
             self.closed()
 
     async def _run_writer(self, write: Write, watch: Watch | None, first_beat: float) -> None:
-        # The send loop's first step comes when the producer first waits (for its backend):
-        # what only the waits need (the watch, the ticker's look) is set up from here, after
-        # the backend was asked.
+        # The send loop's first step comes when the producer first waits (for its backend, or
+        # a hosted MCP server): what only the waits need (the watch, the ticker's look) is set
+        # up from here, after the backend was asked.
         assert self._nursery is not None
         if watch is not None:
             self._nursery.start_soon(watch, self._nursery.cancel_scope)
