@@ -4,6 +4,7 @@ machine was, and the floor relay."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -317,3 +318,21 @@ async def test_the_scenarios_rounds_take_turns_over_the_whole_run_and_their_rows
         "close floors", "close paths", "close latency",
     ]
     assert [row.scenario for row in bench.rows] == ["latency", "paths", "floors"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else True, reason="needs two cores")
+async def test_a_process_the_bench_starts_unpinned_may_run_on_every_core_after_a_pinned_scenario_started_its_own():
+    # trio starts processes from its worker threads; one made while a scenario had this thread
+    # pinned keeps that core, and a child it starts inherits it unless told otherwise (the
+    # paths, paced and floor scenarios' gateways and simulators once all shared core 0).
+    from gateway.lab import bench
+
+    every = set(os.sched_getaffinity(0))
+    first, second = sorted(every)[:2]
+    async with contextlib.AsyncExitStack() as stack:
+        with bench._placed(Placement({first}, {second}, len(every))):
+            _, pinned = await stack.enter_async_context(bench._simulator(tokens=1))
+        _, unpinned = await stack.enter_async_context(bench._simulator(tokens=1))
+        assert os.sched_getaffinity(pinned.pid) == {first}
+        assert os.sched_getaffinity(unpinned.pid) == every
+    assert os.sched_getaffinity(0) == every

@@ -113,9 +113,13 @@ class Placement:
         return f"load generator and simulator pinned to core {sorted(self.tools)}, the gateway to {sorted(self.gateway)}"
 
     def pin(self, pid: int, cores: set[int] | None) -> None:
-        if cores is not None:
+        """Put `pid` (0: this thread) on `cores`; None: on every core of the machine, said
+        explicitly, since a process inherits the affinity of the thread that started it (trio
+        starts processes from its worker threads, which a pinned scenario may have made)."""
+        wanted = cores if cores is not None else _MACHINE_CORES
+        if wanted:
             with contextlib.suppress(OSError):
-                os.sched_setaffinity(pid, cores)  # type: ignore[attr-defined,unused-ignore]
+                os.sched_setaffinity(pid, wanted)  # type: ignore[attr-defined,unused-ignore]
 
 
 PLACEMENT = Placement(None, None)  # set by run_bench
@@ -139,6 +143,10 @@ def _cores() -> list[int]:
     """The cores this process may run on (empty where the system does not say)."""
     getaffinity = getattr(os, "sched_getaffinity", None)
     return sorted(getaffinity(0)) if getaffinity is not None else []
+
+
+# Every core the bench may use, as it started (before any scenario pinned anything).
+_MACHINE_CORES = set(_cores())
 
 
 @contextlib.asynccontextmanager
