@@ -3,8 +3,10 @@
 Each route is wiring: the intake reads the request (`intake`), a turn or a
 store operation does the work (`turn/`, `stored`), a transport body answers
 (`transport/`), errors become bytes in one place (`render`).  `POST
-/v1/responses` is served straight on ASGI (`responses`); the rest through
-Quart.  `lifespan` opens and closes resources; keys and limits are the edge's.
+/v1/responses` (`responses`), chat completions (`completions`) and the
+Messages API (`messages`) are served straight on ASGI (`direct`); the rest
+through Quart.  `lifespan` opens and closes resources; keys and limits are
+the edge's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -24,7 +25,9 @@ from . import intake, render
 from .backends import Backend
 from .config import Settings
 from .call import Call, Handler
+from .completions import ROUTES as COMPLETION_ROUTES
 from .conversations import ROUTES as CONVERSATION_ROUTES
+from .direct import DirectRoutes
 from .messages import ROUTES as MESSAGES_ROUTES
 from .models import ROUTES as MODEL_ROUTES
 from .drain import Drain
@@ -39,13 +42,11 @@ from .store import ResponseStore
 from .stored import ROUTES as STORED_ROUTES, StoredResponses
 from .streams.translator import random_id
 from .transport.asgi import BodyConnection, as_response
-from .transport.json import JsonBody, chat_answer, compaction_answer
+from .transport.json import JsonBody, compaction_answer
 from .transport.passthrough import PassthroughBody
-from .transport.sse import ChatEventStream
-from .turn.chat import prepare_chat
 from .turn.compact import prepare_compaction
 from .turn.count import count_input_tokens
-from .turn.relay import chat_relay, prepare_relay
+from .turn.relay import prepare_relay
 from .turn.tools import ToolSource
 
 __all__ = ["GatewayApp", "create_app"]
@@ -63,19 +64,27 @@ class GatewayApp(QuartTrio):
     shared: Shared  # set when the lifespan opens
     responses: ResponsesRoute  # likewise
     sockets: SocketRoute  # likewise
+    direct: DirectRoutes  # likewise
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await self.edge(scope, receive, send)
 
     async def dispatch(self, scope: Any, receive: Any, send: Any) -> None:
-        """What passed the edge: `POST /v1/responses` and WebSockets on ASGI, everything else through Quart."""
+        """What passed the edge: `POST /v1/responses`, the direct routes and WebSockets on ASGI,
+        everything else through Quart."""
         kind = scope["type"]
-        if kind == "http" and scope.get("method") == "POST" and scope.get("path") in _RESPONSES:
-            await self.responses(scope, receive, send)
+        if kind == "http":
+            if scope.get("method") == "POST" and scope.get("path") in _RESPONSES:
+                await self.responses(scope, receive, send)
+                return
+            handler = self.direct.handler(scope)
+            if handler is not None:
+                await self.direct.serve(handler, scope, receive, send)
+                return
         elif kind == "websocket":
             await self.sockets(scope, receive, send)
-        else:
-            await self.asgi_app(scope, receive, send)
+            return
+        await self.asgi_app(scope, receive, send)
 
     async def serving(self, binds: list[str], *, stalls_bounded: bool = False) -> None:
         """Told by the serve loop where it listens (see `Shared.serving`)."""
@@ -136,6 +145,7 @@ def create_app(
         app.shared = await lifespan.open(app.nursery)
         app.responses = ResponsesRoute(app.shared, body_timeout)
         app.sockets = SocketRoute(app.shared, _RESPONSES)
+        app.direct = DirectRoutes(app.shared, [*COMPLETION_ROUTES, *MESSAGES_ROUTES], body_timeout)
 
     @app.after_serving
     async def _close() -> None:
@@ -195,20 +205,10 @@ def create_app(
         return view
 
     # gateway.stored, .conversations, .messages (Anthropic's Messages API), .models
-    for method, rule, handler in [*STORED_ROUTES, *CONVERSATION_ROUTES, *MESSAGES_ROUTES, *MODEL_ROUTES]:
+    for method, rule, handler in [*STORED_ROUTES, *CONVERSATION_ROUTES, *MODEL_ROUTES]:
         aliased(functools.partial(app.route, methods=[method], endpoint=f"{method} {rule}"), rule)(resource_route(handler))
 
-    # --- chat completions, the relay ------------------------------------------------------
-
-    @aliased(app.post, "/chat/completions")
-    async def _chat_completions() -> Response:
-        turn = await prepare_chat(resources(), intake.chat_request(await body()), _ctx())
-        if turn.relayed:  # nothing of the gateway's to add: the backend's answer, as it sends it
-            relay = chat_relay(resources(), turn, request.query_string, dict(request.headers), orjson.dumps(turn.body))
-            return as_response(PassthroughBody(resources().backend, relay, drain=app.drain))
-        if turn.streamed:
-            return as_response(ChatEventStream(turn, heartbeats=app.shared.heartbeats))
-        return as_response(chat_answer(turn, _where()))
+    # --- the relay ------------------------------------------------------------------------
 
     @app.route("/v1/<path:path>", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def _relay(path: str) -> Response:

@@ -436,3 +436,34 @@ async def test_the_mcp_side_is_loaded_before_serving_so_no_request_holds_the_eve
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert done.stdout.decode().split() == ["True", "True"]
+
+
+async def test_chat_completions_and_the_messages_api_are_served_beside_the_framework(nursery, backend, client):
+    settings = make_settings(backend.url)
+    app = gateway.create_app(settings, ids=SequentialIds(), clock=lambda: 1_700_000_000.0)
+    framework = app.asgi_app
+    seen: list[str] = []
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            seen.append(f"{scope['method']} {scope['path']}")
+        await framework(scope, receive, send)
+
+    app.asgi_app = recording  # type: ignore[method-assign]
+    url = await nursery.start(functools.partial(gateway.serve, settings, app=app))
+    hi = [{"role": "user", "content": "hi"}]
+    with trio.fail_after(20):
+        relayed = await client.post(url + "/v1/chat/completions", json={"model": "text", "messages": hi})
+        assert relayed.status_code == 200 and relayed.text.rstrip().endswith("data: [DONE]")  # as the backend sent it
+        streamed = await client.post(url + "/chat/completions", json={"model": "text", "messages": hi, "stream": True})
+        assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+        refused = await client.post(url + "/v1/chat/completions", json={"model": "text"})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "missing_required_parameter"
+        anthropic = {"anthropic-version": "2023-06-01"}
+        message = await client.post(url + "/v1/messages?beta=true", json={"model": "text", "max_tokens": 32, "messages": hi}, headers=anthropic)
+        assert message.status_code == 200 and message.json()["content"][0]["text"] == "Hello, world!"
+        bad = await client.post(url + "/v1/messages", json={"model": "text", "messages": hi}, headers=anthropic)
+        assert bad.status_code == 400 and bad.json()["type"] == "error"  # Anthropic's shape
+        listed = await client.get(url + "/v1/models")
+        assert listed.status_code == 200
+    assert seen == ["GET /v1/models"]  # the rest never reached the framework
