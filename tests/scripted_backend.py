@@ -8,6 +8,7 @@ the gateway sent upstream and that it hung up.
 from __future__ import annotations
 
 import functools
+import gzip
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -363,6 +364,11 @@ class ScriptedBackend:
             await self._completion(body, send)
         elif path == "/v1/audio/transcriptions":  # a multipart route: says what it was sent
             await _json(send, 200, {"text": "ok", "content_type": headers.get("content-type", ""), "size": len(raw)})
+        elif path == "/v1/gzipped":  # compresses whatever the request asked for (some servers do)
+            packed = gzip.compress(orjson.dumps({"unpacked": True, "size": len(raw)}))
+            head = [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")]
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            await send({"type": "http.response.body", "body": packed, "more_body": False})
         elif path == "/v1/stream-numbers":
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
             for n in range(20):

@@ -47,3 +47,27 @@ async def test_unreachable_backend_gives_502_on_passthrough(start_gateway, clien
     url = await start_gateway(openai_base_url_internal="http://127.0.0.1:9")
     r = await client.get(url + "/v1/models")
     assert r.status_code == 502 and r.json()["error"]["code"] == "backend_unavailable"
+
+
+async def test_a_relayed_request_with_a_body_carries_its_own_headers_on_a_head_built_once(gateway_url, backend, client):
+    for request_id in ("first", "second"):
+        r = await client.post(
+            gateway_url + "/v1/embeddings?x=1",
+            json={"model": "e", "input": request_id},
+            headers={"x-request-id": request_id, "user-agent": f"agent-{request_id}"},
+        )
+        assert r.status_code == 200 and r.json()["echo_query"] == "x=1"
+        seen = backend.requests[-1]
+        assert seen.body == {"model": "e", "input": request_id}
+        assert (seen.headers["x-request-id"], seen.headers["user-agent"]) == (request_id, f"agent-{request_id}")
+        assert seen.headers["authorization"] == "Bearer dummy-key"
+        # Relayed as read: the backend is asked not to compress it.
+        assert seen.headers["accept-encoding"] == "identity"
+        assert int(seen.headers["content-length"]) == len(r.request.content)
+
+
+async def test_an_answer_the_backend_compressed_anyway_is_relayed_decoded(gateway_url, client):
+    r = await client.post(gateway_url + "/v1/gzipped", content=b"x" * 100, headers={"content-type": "text/plain"})
+    assert r.status_code == 200
+    assert "content-encoding" not in r.headers
+    assert r.json() == {"unpacked": True, "size": 100}

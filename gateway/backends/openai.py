@@ -12,7 +12,7 @@ Responses API or about how events reach the client.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 import httpx2
@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 _MAX_ERROR_BODY = 64 * 1024
+_MAX_FIXED_REQUESTS = 64  # relayed requests' heads kept, one per method and URL
 _MAX_COUNT_ANSWER = 16 * 1024 * 1024  # a tokenizer's answer lists every token of the prompt
 
 # The error code of a backend that cannot count a prompt's tokens exactly (502).
@@ -249,23 +250,35 @@ class PassthroughResponse:
     """
 
     def __init__(
-        self, response: httpx2.Response, redactor: Redactor, *, backend: str = "the backend", label: str | None = None
+        self,
+        status: int,
+        headers: Iterable[tuple[str, str]],
+        chunks: AsyncIterator[bytes],
+        redactor: Redactor,
+        *,
+        data_timeout: float | None,
+        backend: str = "the backend",
+        label: str | None = None,
+        closing: Http1Response | httpx2.Response | None = None,
     ) -> None:
-        """`backend`: which one answered (its name and URL), for the log; `label`: the same, for the outcome."""
-        self.status = response.status_code
+        """`headers`: the answer's, names lower-case (a repeated one joined); `chunks`: its body as
+        it arrives, already decoded; `data_timeout`: seconds the backend may go without sending
+        data (its read timeout, STREAM_TIMEOUT); `backend`: which one answered (its name and
+        URL), for the log; `label`: the same, for the outcome; `closing`: the answer `aclose` ends
+        (its connection back to the pool, or closed)."""
+        self.status = status
         self.backend = backend
         self.backend_label = label
-        self.headers = {
-            name: redactor.redact(value)
-            for name, value in response.headers.items()
-            if name.lower() not in _DROP_RESPONSE_HEADERS
-        }
-        self._chunks = response.aiter_bytes()
+        self.headers = {name: redactor.redact(value) for name, value in headers if name not in _DROP_RESPONSE_HEADERS}
+        self._chunks = chunks
         self._redact = redactor.stream()
         self._ended = False
-        # Seconds the backend may go without sending data (its read timeout, STREAM_TIMEOUT).
-        read = (response.request.extensions.get("timeout") or {}).get("read")
-        self.data_timeout: float | None = float(read) if read else None
+        self._closing = closing
+        self.data_timeout = data_timeout
+
+    async def aclose(self) -> None:
+        if self._closing is not None:
+            await self._closing.aclose()
 
     def __aiter__(self) -> PassthroughResponse:
         return self
@@ -323,6 +336,8 @@ class OpenAICompatibleBackend:
             pool=None,  # waiting for a free connection is bounded by the limit, not a timer
         )
         self._timeout = timeout.as_dict()
+        self._timeouts = timeout
+        self._fixed_requests: dict[tuple[str, str], FixedRequest] = {}  # relayed requests' heads, by method and URL
         self._data_timeout = read
         self._client = httpx2.AsyncClient(transport=self._transport, timeout=timeout, follow_redirects=False)
         if base_url is None:
@@ -547,17 +562,61 @@ class OpenAICompatibleBackend:
         if query:
             url += "?" + query.decode("latin-1")
         forwarded = {k: v for k, v in headers.items() if k.lower() in _FORWARD_REQUEST_HEADERS}
-        forwarded.update(self._auth)
-        request = self._client.build_request(method, url, content=body or None, headers=forwarded)
         with naming_errors(self.name, self.url), map_backend_errors():
-            response = await self._client.send(request, stream=True)
+            response = await self._relay(method, url, forwarded, body)
         try:
-            yield PassthroughResponse(
-                response, self._redactor, backend=f"backend {self.name!r} at {self.url}", label=self.label
-            )
+            yield response
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await response.aclose()
+
+    async def _relay(self, method: str, url: str, forwarded: dict[str, str], body: bytes) -> PassthroughResponse:
+        """Send a relayed request; its answer once the head has arrived.
+
+        A request with a body (a chat completion, an embedding) goes the way
+        chat streams go: its head built once per URL (`FixedRequest`), the
+        answer read off the transport, uncompressed (`accept-encoding:
+        identity`; a backend that compresses anyway is decoded).  Anything
+        else, or headers that cannot go that way, through the client.
+
+        Raises:
+            httpx2.TransportError: as the transport's.
+        """
+        backend, label = f"backend {self.name!r} at {self.url}", self.label
+        fixed = self._fixed_requests.get((method, url)) if body else None
+        if body and fixed is None:
+            if len(self._fixed_requests) >= _MAX_FIXED_REQUESTS:  # paths are the client's to choose
+                self._fixed_requests.clear()
+            fixed = self._fixed_requests[(method, url)] = FixedRequest(
+                method, url, {**self._auth, "accept-encoding": "identity"}, self._timeouts
+            )
+        message = fixed.message(body, forwarded) if fixed is not None else None
+        if fixed is None or message is None:
+            request = self._client.build_request(method, url, content=body or None, headers={**forwarded, **self._auth})
+            sent = await self._client.send(request, stream=True)
+            return PassthroughResponse(
+                sent.status_code, sent.headers.items(), sent.aiter_bytes(), self._redactor,
+                data_timeout=self._data_timeout, backend=backend, label=label, closing=sent,
+            )
+        connect, read, write = fixed.timeouts
+        answer = await self._transport.open(fixed.origin, message, connect_timeout=connect, read_timeout=read, write_timeout=write)
+        chunks: AsyncIterator[bytes] = answer.stream
+        head = _joined(answer.raw_headers)
+        if head.get("content-encoding", "identity").strip().lower() != "identity":
+            chunks = httpx2.Response(answer.status_code, headers=answer.raw_headers, stream=answer.stream).aiter_bytes()
+        return PassthroughResponse(
+            answer.status_code, head.items(), chunks, self._redactor,
+            data_timeout=self._data_timeout, backend=backend, label=label, closing=answer,
+        )
+
+
+def _joined(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Raw response headers by lower-case name, a repeated one's values joined (as httpx2's)."""
+    head: dict[str, str] = {}
+    for name, value in raw:
+        key, text = name.decode("latin-1").lower(), value.decode("latin-1")
+        head[key] = f"{head[key]}, {text}" if key in head else text
+    return head
 
 
 def _without_signatures(body: dict[str, Any]) -> dict[str, Any]:

@@ -63,16 +63,26 @@ class UsageMeter:
                 del self._tail[:-_TAIL]
             return bool(data)
         buf = bytes(self._line) + data if self._line else data
-        cut = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1
-        whole, rest = buf[:cut], buf[cut:]
-        self._line = bytearray(rest) if len(rest) <= _MAX_LINE else bytearray()
-        carried = whole.startswith(b"data:") or b"\ndata:" in whole or b"\rdata:" in whole
+        cut = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1  # the whole lines end here
+        if cut < len(buf):
+            self._line = bytearray(buf[cut:]) if len(buf) - cut <= _MAX_LINE else bytearray()
+        elif self._line:
+            self._line = bytearray()
+        carried = buf.startswith(b"data:", 0, cut) or buf.find(b"\ndata:", 0, cut) >= 0 or buf.find(b"\rdata:", 0, cut) >= 0
         # Only an event whose usage is an object is read: streams that ask for usage carry
-        # `"usage":null` in every chunk, and parsing each would cost the relay a JSON decode per event.
-        if b'"usage"' in whole and _USAGE_OBJECT.search(whole):
-            for line in whole.splitlines():
-                if line.startswith(b"data:") and _USAGE_OBJECT.search(line):
-                    self._take(line[5:].strip())
+        # `"usage":null` in every chunk, and parsing each would cost the relay a JSON decode per event
+        # (nor is the pattern looked for when every usage in these lines is a null).
+        named = buf.count(b'"usage"', 0, cut)
+        if named and named != buf.count(b'"usage":null', 0, cut) + buf.count(b'"usage": null', 0, cut):
+            line_end = -1  # of the last line looked into
+            for found in _USAGE_OBJECT.finditer(buf, 0, cut):
+                at = found.start()
+                if at < line_end:
+                    continue  # (another usage object on a line already read)
+                start = max(buf.rfind(b"\n", 0, at), buf.rfind(b"\r", 0, at)) + 1
+                line_end = min(_found_or(buf.find(b"\n", at, cut), cut), _found_or(buf.find(b"\r", at, cut), cut))
+                if buf.startswith(b"data:", start):
+                    self._take(buf[start + 5 : line_end].strip())
         return carried
 
     def _take(self, payload: bytes) -> None:
@@ -111,6 +121,10 @@ class UsageMeter:
         """The tokens the body reported, or None when it reported none (so far)."""
         usage = self.usage
         return usage["total_tokens"] if usage is not None else None
+
+
+def _found_or(index: int, default: int) -> int:
+    return default if index < 0 else index
 
 
 def _json_usage(tail: bytes) -> Any:
