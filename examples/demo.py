@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import os
 import pathlib
 import sys
 import tempfile
@@ -54,14 +55,20 @@ async def main(prompt: str) -> None:
             model="SmolLM2-135M-Instruct",
             instructions="You are a concise, friendly assistant.",
             input=prompt,
-            max_output_tokens=120,
+            max_output_tokens=int(os.environ.get("DEMO_MAX_OUTPUT_TOKENS", "120")),
             temperature=0.2,
         ) as stream:
+            final = None
             async for event in stream:
                 counts[event.type] += 1
                 if event.type == "response.output_text.delta":
                     print(event.delta, end="", flush=True)
-            final = await stream.get_final_response()
+                elif event.type in ("response.completed", "response.incomplete", "response.failed"):
+                    # (the SDK's get_final_response() knows only `completed`: a reply cut at
+                    # max_output_tokens ends `incomplete`, and is a reply all the same)
+                    final = event.response
+        if final is None:
+            raise SystemExit("the stream ended without a terminal event")
         print("\n")
         print(f"status={final.status} id={final.id} usage: in={final.usage.input_tokens} "
               f"out={final.usage.output_tokens} total={final.usage.total_tokens}")

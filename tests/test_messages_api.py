@@ -352,9 +352,9 @@ async def test_the_outcome_line_and_the_metrics_name_the_messages_transport(star
     await sdk(url).messages.create(model="text", max_tokens=8, messages=HI)
     async with sdk(url).messages.stream(model="text", max_tokens=8, messages=HI) as stream:
         await stream.get_final_message()
+    await trio.testing.wait_all_tasks_blocked()  # (the outcome is logged once the stream's end is written)
     lines = [r.getMessage() for r in caplog.records if "transport=messages" in r.getMessage()]
     assert len(lines) == 2 and all("status=completed" in line and "model=text" in line for line in lines)
-    await trio.testing.wait_all_tasks_blocked()
     m = samples_of((await client.get(url + "/metrics")).text)
     assert value(m, "gateway_responses_total", model="text", status="completed", key="anonymous", transport="messages") == 2
     assert value(m, "gateway_http_requests_total", route="/v1/messages", method="POST", status="200", key="anonymous") == 2

@@ -80,6 +80,22 @@ async def test_the_demo_streams_a_reply_from_the_small_model_and_shows_the_mcp_s
     assert re.search(r"^MCP server 'example' \(stdio\): ready; tools offered: .*\badd\b", out, re.M), out
 
 
+@pytest.mark.e2e
+async def test_the_demo_shows_a_reply_cut_at_its_token_limit_as_incomplete_and_exits_cleanly():
+    """A reply that reaches `max_output_tokens` ends `response.incomplete`: the SDK's
+    `get_final_response()` would raise on it; the demo reads the terminal event instead."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DEMO_MAX_OUTPUT_TOKENS="16")
+    with trio.fail_after(300):
+        done = await trio.run_process(
+            [sys.executable, str(ROOT / "examples" / "demo.py"), "Write a long story about the sea."],
+            env=env, cwd=ROOT, capture_stdout=True, capture_stderr=True, check=False,
+        )
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert re.search(r"^status=incomplete id=resp_\w+ usage: in=\d+ out=16 ", out, re.M), out
+    assert "response.incomplete x1" in out
+
+
 def test_ci_runs_the_readmes_test_command_with_the_system_python_and_a_fresh_home():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "/^<!-- test-command -->$/" in ci  # the command is read from the README, not copied
