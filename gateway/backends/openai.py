@@ -259,7 +259,7 @@ class PassthroughResponse:
         data_timeout: float | None,
         backend: str = "the backend",
         label: str | None = None,
-        closing: Http1Response | httpx2.Response | None = None,
+        closing: Http1Response | httpx2.Response,
     ) -> None:
         """`headers`: the answer's, names lower-case (a repeated one joined); `chunks`: its body as
         it arrives, already decoded; `data_timeout`: seconds the backend may go without sending
@@ -277,8 +277,7 @@ class PassthroughResponse:
         self.data_timeout = data_timeout
 
     async def aclose(self) -> None:
-        if self._closing is not None:
-            await self._closing.aclose()
+        await self._closing.aclose()
 
     def __aiter__(self) -> PassthroughResponse:
         return self
@@ -335,8 +334,8 @@ class OpenAICompatibleBackend:
             write=read,
             pool=None,  # waiting for a free connection is bounded by the limit, not a timer
         )
-        self._timeout = timeout.as_dict()
-        self._timeouts = timeout
+        self._timeout = timeout.as_dict()  # (as a request's extension)
+        self._timeout_config = timeout  # (as a FixedRequest takes it)
         self._fixed_requests: dict[tuple[str, str], FixedRequest] = {}  # relayed requests' heads, by method and URL
         self._data_timeout = read
         self._client = httpx2.AsyncClient(transport=self._transport, timeout=timeout, follow_redirects=False)
@@ -588,7 +587,7 @@ class OpenAICompatibleBackend:
             if len(self._fixed_requests) >= _MAX_FIXED_REQUESTS:  # paths are the client's to choose
                 self._fixed_requests.clear()
             fixed = self._fixed_requests[(method, url)] = FixedRequest(
-                method, url, {**self._auth, "accept-encoding": "identity"}, self._timeouts
+                method, url, {**self._auth, "accept-encoding": "identity"}, self._timeout_config
             )
         message = fixed.message(body, forwarded) if fixed is not None else None
         if fixed is None or message is None:
