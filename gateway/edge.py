@@ -177,7 +177,7 @@ class Edge:
             if message.get("more_body", False):
                 await send(message)
             elif message["type"] == "http.response.body":  # the last one
-                with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_GRACE):
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLOSE_GRACE):
                     await send(message)
             elif message["type"] == "http.response.start":
                 started = True

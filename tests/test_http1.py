@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.backends.http1 import FixedRequest, Http1Transport, _request_bytes
+from gateway.backends.http1 import _READ_SIZE, FixedRequest, Http1Transport, _Connection, _request_bytes
 from gateway.loops import HOP_HEADER, outgoing_hops
 
 
@@ -330,3 +330,56 @@ async def test_a_prebuilt_request_is_sent_whole_and_answered_through_the_same_po
         assert await body_of(await transport.handle_async_request(request(url))) == b"hello"
     assert server.connections == 1 and server.requests[0] == message
     await transport.aclose()
+
+
+class CountingSocket:
+    """A real socket whose reads are counted, and those that found nothing (EAGAIN)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.reads = 0
+        self.empty = 0
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def recv(self, size: int, *flags: int) -> bytes:
+        self.reads += 1
+        try:
+            return self.sock.recv(size, *flags)
+        except BlockingIOError:
+            self.empty += 1
+            raise
+
+
+async def test_after_a_read_that_did_not_fill_the_buffer_the_next_waits_for_the_socket_before_reading():
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    counted = CountingSocket(ours)
+    conn = _Connection(None, counted, None)  # type: ignore[arg-type]
+    got: list[bytes] = []
+
+    async def read() -> None:
+        got.append(await conn.receive(5.0))
+
+    with trio.fail_after(10):
+        theirs.sendall(b"first")
+        assert await conn.receive(5.0) == b"first"  # data waiting: read at once
+        assert counted.reads == 1
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == [] and counted.reads == 1  # parked on the socket, no read that finds nothing
+            theirs.sendall(b"second")
+        assert got == [b"second"] and counted.empty == 0
+        # A read that fills the buffer is followed by another at once: more is likely waiting.
+        theirs.sendall(b"x" * (_READ_SIZE + 10))
+        whole = b""
+        while len(whole) < _READ_SIZE + 10:
+            before = counted.reads
+            part = await conn.receive(5.0)
+            whole += part
+            assert counted.reads == before + 1  # each read took data; none found the socket empty
+        assert whole == b"x" * (_READ_SIZE + 10) and counted.empty == 0
+    ours.close()
+    theirs.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import trio
 
 
 @pytest.mark.parametrize("suffix", ["", "/v1", "/v1/"])
@@ -71,3 +72,57 @@ async def test_an_answer_the_backend_compressed_anyway_is_relayed_decoded(gatewa
     assert r.status_code == 200
     assert "content-encoding" not in r.headers
     assert r.json() == {"unpacked": True, "size": 100}
+
+
+async def test_the_last_bytes_of_a_relayed_body_come_marked_as_its_end_with_what_the_redactor_held_back(nursery):
+    from conftest import make_settings
+    from gateway.backends import OpenAICompatibleBackend
+    from test_http1 import HEAD, Server
+
+    # The body ends with the start of the backend's key: the redactor holds it back until it
+    # knows whether the key follows, then it goes with the last bytes, not after them.
+    server = Server(lambda n: [HEAD + b"9\r\ndata: 1\n\n\r\n", b"c\r\ndata: sk-the\r\n0\r\n\r\n"])
+    url = await nursery.start(server.serve)
+    adapter = OpenAICompatibleBackend(make_settings(url, openai_api_key="sk-the-secret-key"))
+    steps = []
+    with trio.fail_after(10):
+        async with adapter.open_passthrough("POST", "chat/completions", b"", {}, b'{"stream": true}') as upstream:
+            async for data in upstream:
+                steps.append((data, upstream.finished))
+    await adapter.aclose()
+    assert b"".join(data for data, _ in steps) == b"data: 1\n\ndata: sk-the"
+    assert [finished for _, finished in steps] == [False] * (len(steps) - 1) + [True]
+    assert steps[-1][0].endswith(b"data: sk-the")
+
+
+async def test_a_body_that_knows_its_last_bytes_sends_them_with_its_end_in_one_message():
+    from gateway.transport.asgi import send_body
+    from gateway.transport.sse import DeferredHeadBody
+
+    class Body(DeferredHeadBody):
+        def __init__(self, parts: list[bytes], knows: bool) -> None:
+            self.parts, self.knows = list(parts), knows
+
+        async def head(self):
+            return 200, {"content-type": "text/event-stream"}
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self) -> bytes:
+            if not self.parts:
+                raise StopAsyncIteration
+            data = self.parts.pop(0)
+            self.finished = self.knows and not self.parts
+            return data
+
+    for knows, ends in ((True, [(b"a", True), (b"b", False)]), (False, [(b"a", True), (b"b", True), (b"", False)])):
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        with trio.fail_after(5):
+            await send_body(Body([b"a", b"b"], knows), send)
+        assert sent[0]["type"] == "http.response.start"
+        assert [(m["body"], m["more_body"]) for m in sent[1:]] == ends

@@ -118,6 +118,8 @@ class _Connection:
         "framed",
         "received",
         "keep_alive",
+        "drained",
+        "on_body",
     )
 
     def __init__(self, origin: Origin, sock: socket.socket, tls: trio.SSLStream[Any] | None) -> None:
@@ -128,11 +130,15 @@ class _Connection:
         self.parser: Any = None
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
+        # The parser hands each piece of body to `on_body`: the list's own append (a call per
+        # chunk of a chunked body, a few hundred per streamed answer).
+        self.on_body = self.body.append
         self.headers_done = False
         self.complete = False
         self.framed = False  # the body's end is marked (length or chunked), not the connection's close
         self.received = False  # any byte of the current response
         self.keep_alive = False
+        self.drained = False  # the last read took less than it could: the socket is likely empty
 
     # -- the parser's callbacks ----------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -142,9 +148,6 @@ class _Connection:
         self.headers_done = True
         self.keep_alive = bool(self.parser.should_keep_alive())  # (reads False once the message is over)
 
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-
     def on_message_complete(self) -> None:
         self.complete = True
 
@@ -152,7 +155,7 @@ class _Connection:
     def start_response(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
         self.headers = []
-        self.body = []
+        self.body.clear()
         self.headers_done = self.complete = self.framed = self.received = False
 
     def feed(self, data: bytes) -> None:
@@ -202,15 +205,20 @@ class _Connection:
                     raise httpx2.ReadError("the connection was lost") from exc
             raise httpx2.ReadTimeout("timed out reading from the backend")
         while True:
-            try:
-                data = self.sock.recv(_READ_SIZE)
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                raise httpx2.ReadError("the connection was lost") from exc
-            else:
-                await trio.lowlevel.checkpoint_if_cancelled()
-                return data
+            if not self.drained:
+                try:
+                    data = self.sock.recv(_READ_SIZE)
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    raise httpx2.ReadError("the connection was lost") from exc
+                else:
+                    # A read that did not fill the buffer most likely took all there was: the
+                    # next one waits for the socket first, rather than fail with EAGAIN.
+                    self.drained = 0 < len(data) < _READ_SIZE
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    return data
+            self.drained = False
             counter = BACKEND_WAIT.get()  # (`_waiting` inlined: this wait is the hot path's)
             began = trio.current_time() if counter is not None else 0.0
             with trio.move_on_after(timeout) as scope:
@@ -248,6 +256,11 @@ class _Body(httpx2.AsyncByteStream):
 
     def __aiter__(self) -> _Body:
         return self
+
+    @property
+    def finished(self) -> bool:
+        """The body has been read to its end: the next step ends the iteration."""
+        return self._conn.complete and not self._conn.body
 
     async def __anext__(self) -> bytes:
         conn = self._conn

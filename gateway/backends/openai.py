@@ -220,15 +220,19 @@ def naming_errors(name: str, url: str) -> Iterator[None]:
     try:
         yield
     except BackendError as error:
-        if error.cause is None:
-            detail = f"answered HTTP {error.backend_status}" if isinstance(error, BackendStatusError) else error.message
-            original = error.__cause__
-            if original is not None and not isinstance(error, BackendStatusError):
-                detail += f" ({type(original).__name__}: {original})"
-            error.cause = f"backend {name!r} at {url}: {detail}"
-            if not isinstance(error, BackendStatusError) and error.message.endswith("the backend"):
-                error.message = f"{error.message} '{name}'"
+        _name_error(error, name, url)
         raise
+
+
+def _name_error(error: BackendError, name: str, url: str) -> None:
+    if error.cause is None:
+        detail = f"answered HTTP {error.backend_status}" if isinstance(error, BackendStatusError) else error.message
+        original = error.__cause__
+        if original is not None and not isinstance(error, BackendStatusError):
+            detail += f" ({type(original).__name__}: {original})"
+        error.cause = f"backend {name!r} at {url}: {detail}"
+        if not isinstance(error, BackendStatusError) and error.message.endswith("the backend"):
+            error.message = f"{error.message} '{name}'"
 
 
 @contextlib.contextmanager
@@ -295,9 +299,19 @@ class PassthroughResponse:
             except httpx2.TransportError as exc:
                 raise backend_error_from(exc) from exc
             data = self._redact.feed(data)
+            if getattr(self._chunks, "finished", False):  # the last bytes: with what the redactor kept
+                self._ended = True
+                rest = self._redact.flush()
+                if rest:
+                    data += rest
             if data:
                 return data
         raise StopAsyncIteration
+
+    @property
+    def finished(self) -> bool:
+        """The body has been given whole: the next step ends the iteration."""
+        return self._ended
 
 
 class OpenAICompatibleBackend:
@@ -553,21 +567,14 @@ class OpenAICompatibleBackend:
         except orjson.JSONDecodeError:
             return None
 
-    @contextlib.asynccontextmanager
-    async def open_passthrough(
+    def open_passthrough(
         self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
-    ) -> AsyncIterator[PassthroughResponse]:
+    ) -> _Passthrough:
         url = f"{self._v1}/{path.lstrip('/')}"
         if query:
             url += "?" + query.decode("latin-1")
         forwarded = {k: v for k, v in headers.items() if k.lower() in _FORWARD_REQUEST_HEADERS}
-        with naming_errors(self.name, self.url), map_backend_errors():
-            response = await self._relay(method, url, forwarded, body)
-        try:
-            yield response
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(2):
-                await response.aclose()
+        return _Passthrough(self, method, url, forwarded, body)
 
     async def _relay(self, method: str, url: str, forwarded: dict[str, str], body: bytes) -> PassthroughResponse:
         """Send a relayed request; its answer once the head has arrived.
@@ -607,6 +614,38 @@ class OpenAICompatibleBackend:
             answer.status_code, head.items(), chunks, self._redactor,
             data_timeout=self._data_timeout, backend=backend, label=label, closing=answer,
         )
+
+
+class _Passthrough:
+    """One relayed request (`open_passthrough`): sent on entry, its answer closed on exit.
+
+    (A class rather than a generator's context manager: it is on the path of every relayed request.)
+    """
+
+    __slots__ = ("_backend", "_method", "_url", "_headers", "_body", "_response")
+
+    def __init__(self, backend: OpenAICompatibleBackend, method: str, url: str, headers: dict[str, str], body: bytes) -> None:
+        self._backend = backend
+        self._method, self._url, self._headers, self._body = method, url, headers, body
+        self._response: PassthroughResponse | None = None
+
+    async def __aenter__(self) -> PassthroughResponse:
+        backend = self._backend
+        try:
+            try:
+                self._response = await backend._relay(self._method, self._url, self._headers, self._body)
+            except httpx2.TransportError as exc:
+                raise backend_error_from(exc) from exc
+        except BackendError as error:
+            _name_error(error, backend.name, backend.url)
+            raise
+        return self._response
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        response, self._response = self._response, None
+        if response is not None:
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + 2):
+                await response.aclose()
 
 
 def _joined(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:

@@ -550,7 +550,7 @@ class Limiter:
             counters.append((f"tokens:{caller.key.id}", tokens, 0.0))
         if self.store is None or (release is None and not counters):
             return
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + 5):  # whatever happens to the request
             await self.store.settle(release, counters)
 
     async def tokens_used(self, key: ApiKey) -> int:

@@ -69,6 +69,8 @@ class TurnOutcome:
 
 def log_outcome(outcome: TurnOutcome, now: float) -> None:
     """The one line per response at INFO (no prompt text); its fields are the JSON log's keys."""
+    if not log.isEnabledFor(logging.INFO):
+        return  # (not even built: a relayed chat completion's whole cost is a few hundred microseconds)
     end = outcome.finished_at if outcome.finished_at is not None else now
 
     def ms(at: float | None) -> float | None:

@@ -70,12 +70,12 @@ class UsageMeter:
             self._line = bytearray()
         carried = buf.startswith(b"data:", 0, cut) or buf.find(b"\ndata:", 0, cut) >= 0 or buf.find(b"\rdata:", 0, cut) >= 0
         # Only an event whose usage is an object is read: streams that ask for usage carry
-        # `"usage":null` in every chunk, and parsing each would cost the relay a JSON decode per event
-        # (nor is the pattern looked for when every usage in these lines is a null).
-        named = buf.count(b'"usage"', 0, cut)
-        if named and named != buf.count(b'"usage":null', 0, cut) + buf.count(b'"usage": null', 0, cut):
+        # `"usage":null` in every chunk, and parsing each would cost the relay a JSON decode per
+        # event.  One pass over the lines finds the first (none, almost always).
+        first = _USAGE_OBJECT.search(buf, 0, cut)
+        if first is not None:
             line_end = -1  # of the last line looked into
-            for found in _USAGE_OBJECT.finditer(buf, 0, cut):
+            for found in _USAGE_OBJECT.finditer(buf, first.start(), cut):
                 at = found.start()
                 if at < line_end:
                     continue  # (another usage object on a line already read)

@@ -51,6 +51,9 @@ async def _write(body: DeferredHeadBody, send: Send) -> None:
         }
     )
     async for data in body:
+        if body.finished:
+            await send({"type": "http.response.body", "body": data, "more_body": False})
+            return
         await send({"type": "http.response.body", "body": data, "more_body": True})
     if body.stalled:
         return  # the client stopped reading: the server closes the unfinished response's connection

@@ -15,13 +15,12 @@ the last whole event.  A drain that runs out of time stops it the same way
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import trio
 
-from ..backends import PassthroughBackend, counting_waits
+from ..backends import BACKEND_WAIT, PassthroughBackend
 from ..drain import Drain
 from ..errors import BackendTimeout, GatewayError, ShuttingDown, error_json
 from ..render import answer
@@ -34,8 +33,6 @@ __all__ = ["PassthroughBody"]
 
 log = logging.getLogger("gateway")
 
-
-T = TypeVar("T")
 
 class PassthroughBody(DeferredHeadBody):
     """Relays one request to the backend, streaming the answer (see the module docstring)."""
@@ -57,19 +54,25 @@ class PassthroughBody(DeferredHeadBody):
         self._ending = b""  # what an event stream needs before a last event (a blank line)
         self._data_timeout: float | None = None
         self._data_at = 0.0  # when data last came
+        self._counting: Any = None  # while the body is read, the task's backend waits count to its outcome
 
     async def __aenter__(self) -> PassthroughBody:
         if self._drain is not None:
             self._drain.track(self)
         relay = self._relay
+        # Until __aexit__ (in this same task), the task's waits on the backend count to the outcome.
+        self._counting = BACKEND_WAIT.set(relay.outcome)
         cm = self._backend.open_passthrough(relay.method, relay.path, relay.query, relay.headers, relay.body)
         try:
             with trio.CancelScope() as self._read:
                 if self._stopped:
                     self._read.cancel()
-                self._upstream = await self._waited(cm.__aenter__())
+                self._upstream = await cm.__aenter__()
         except GatewayError as error:
             self._fail_before_answer(error)
+        except BaseException:
+            self._stop_counting()
+            raise
         else:
             if self._read.cancelled_caught:
                 self._upstream = None
@@ -112,6 +115,10 @@ class PassthroughBody(DeferredHeadBody):
     def __aiter__(self) -> PassthroughBody:
         return self
 
+    @property
+    def finished(self) -> bool:  # type: ignore[override]
+        return self._upstream is not None and self._chunks is not None and getattr(self._upstream, "finished", False)
+
     async def __anext__(self) -> bytes:
         if self._error is not None:
             answer_bytes, self._error = self._error, None
@@ -126,7 +133,14 @@ class PassthroughBody(DeferredHeadBody):
             with trio.CancelScope() as self._read:  # cancelled by a drain out of time, or the data deadline
                 if self._data_timeout:
                     self._read.deadline = self._data_at + self._data_timeout
-                data = await self._next_chunk()
+                try:
+                    data = await self._chunks.__anext__()
+                except StopAsyncIteration:
+                    raise
+                except Exception as error:  # the backend dropped mid-body; nothing more can be said
+                    log.warning("passthrough body from the backend was cut (%s)", type(error).__name__)
+                    self._failed = "backend_stream_error"
+                    raise StopAsyncIteration from None
             self._read = None
             if data is not None:
                 assert self._meter is not None
@@ -152,24 +166,15 @@ class PassthroughBody(DeferredHeadBody):
             raise StopAsyncIteration
         return self._ending + b"data: " + error_json(ending) + b"\n\n" + encode_done()
 
-    async def _waited(self, step: Awaitable[T]) -> T:
-        """`await step`, the time it waits on the backend counted in the relay's outcome."""
-        with counting_waits(self._relay.outcome):
-            return await step
-
-    async def _next_chunk(self) -> bytes:
-        try:
-            return cast(bytes, await self._waited(self._chunks.__anext__()))
-        except StopAsyncIteration:
-            raise
-        except Exception as error:  # the backend dropped mid-body; nothing more can be said
-            log.warning("passthrough body from the backend was cut (%s)", type(error).__name__)
-            self._failed = "backend_stream_error"
-            raise StopAsyncIteration from None
+    def _stop_counting(self) -> None:
+        if self._counting is not None:
+            BACKEND_WAIT.reset(self._counting)
+            self._counting = None
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self._stop_counting()
         try:
             if self._drain is not None:
                 self._drain.untrack(self)
@@ -178,10 +183,9 @@ class PassthroughBody(DeferredHeadBody):
         finally:
             client_left = exc_type is not None and issubclass(exc_type, trio.Cancelled)
             status = self._upstream.status if self._upstream is not None else self._status
-            with trio.CancelScope(shield=True):
-                await self._relay.finish(
-                    status=status,
-                    usage=self._meter.usage if self._meter is not None else None,
-                    failed=self._failed,
-                    client_left=client_left,
-                )
+            await self._relay.finish(  # (its settling is shielded)
+                status=status,
+                usage=self._meter.usage if self._meter is not None else None,
+                failed=self._failed,
+                client_left=client_left,
+            )

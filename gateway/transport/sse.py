@@ -76,6 +76,9 @@ class DeferredHeadBody:
     """
 
     stalled = False  # the client stopped reading: the connection is dropped, unfinished
+    # The bytes the iteration just gave are its last: they go with the response's end, in one
+    # write (a body that cannot tell leaves it False, and its end goes on its own).
+    finished = False
 
     async def serve(self, write: Write, watch: Watch | None = None) -> None:
         """Run the send loop `write(self)`; with `watch`, all of it ends at once when the client leaves."""
