@@ -193,9 +193,11 @@ class _Connection:
     async def receive(self, timeout: float) -> bytes:
         """The next bytes, b"" at the end of the connection.
 
-        Data already waiting is taken without a timer or a trip through the
-        scheduler: the turn's round yields on its own terms (at least every
-        half millisecond while bytes keep coming).
+        After a read that filled the buffer, data is likely waiting: it is
+        taken without a timer or a trip through the scheduler (the turn's
+        round yields on its own terms, at least every half millisecond while
+        bytes keep coming).  After a short read the socket is waited for
+        first: a read tried at once would almost always fail with EAGAIN.
         """
         if self.tls is not None:
             with trio.move_on_after(timeout) as scope:
