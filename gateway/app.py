@@ -217,7 +217,7 @@ def create_app(
         relay = await prepare_relay(
             resources(), ctx, request.method, target, request.query_string, dict(request.headers), await body()
         )
-        return as_response(PassthroughBody(resources().backend, relay, drain=app.drain))
+        return as_response(PassthroughBody(resources().backend, relay, heartbeats=app.shared.heartbeats, drain=app.drain))
 
     # --- the operator's routes ------------------------------------------------------------
 

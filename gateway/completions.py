@@ -34,7 +34,9 @@ async def create(call: Call) -> DeferredHeadBody:
     turn = await prepare_chat(resources, intake.chat_request(await call.read()), call.ctx)
     if turn.relayed:  # nothing of the gateway's to add: the backend's answer, as it sends it
         relay = chat_relay(resources, turn, call.query, dict(call.headers), orjson.dumps(turn.body))
-        return PassthroughBody(cast(PassthroughBackend, resources.backend), relay, drain=resources.drain)
+        return PassthroughBody(
+            cast(PassthroughBackend, resources.backend), relay, heartbeats=call.shared.heartbeats, drain=resources.drain
+        )
     if turn.streamed:
         return ChatEventStream(turn, heartbeats=call.shared.heartbeats)
     return chat_answer(turn, f"POST /v1/chat/completions {call.ctx.request_id or ''}".rstrip())

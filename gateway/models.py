@@ -45,7 +45,9 @@ async def _listed(call: Call) -> list[dict[str, Any]] | None:
 async def _relayed(call: Call, path: str) -> DeferredHeadBody:
     resources = call.shared.resources
     relay = await prepare_relay(resources, call.ctx, "GET", relay_path(path), call.query, dict(call.headers), b"")
-    return PassthroughBody(cast(PassthroughBackend, resources.backend), relay, drain=resources.drain)
+    return PassthroughBody(
+        cast(PassthroughBackend, resources.backend), relay, heartbeats=call.shared.heartbeats, drain=resources.drain
+    )
 
 
 async def _all_models(call: Call) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ framing, stale connections and limits are exercised on real sockets.
 
 from __future__ import annotations
 
+import math
 import socket
 
 import httpx2
@@ -170,6 +171,41 @@ async def test_closing_a_body_early_closes_its_connection_at_once(nursery):
         response = await transport.handle_async_request(request(url))
         assert await response.stream.__aiter__().__anext__() == b"hello"  # type: ignore[union-attr]
         await response.aclose()  # the client left
+        await server.closed.wait()
+    assert server.open_now == 0 and transport.connections == 0
+
+
+async def test_a_body_read_without_a_timer_is_stopped_by_abort_at_once_and_its_connection_closed(nursery):
+    # A reader that bounds the reads itself (the byte relay) gives them no timer and stops the
+    # one in progress with abort(): it ends at once, as does every later read, and the
+    # connection (mid-body) is closed rather than pooled.
+    server = Server(lambda n: [HEAD + b"5\r\nhello\r\n"])  # and then nothing: a long generation
+    url = await nursery.start(server.serve)
+    transport = Http1Transport(max_connections=4)
+    with trio.fail_after(10):
+        response = await transport.handle_async_request(request(url, read=0.2))
+        body = response.stream
+        body.read_timeout = math.inf  # type: ignore[union-attr]
+        stream = body.__aiter__()  # type: ignore[union-attr]
+        assert await stream.__anext__() == b"hello"
+        failed: list[BaseException] = []
+
+        async def read() -> None:
+            try:
+                await stream.__anext__()
+            except httpx2.ReadError as exc:
+                failed.append(exc)
+
+        async with trio.open_nursery() as readers:
+            readers.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(0.5)  # past the 0.2 s the request asked for: this read keeps no timer
+            assert failed == []
+            body.abort()  # type: ignore[union-attr]
+        assert len(failed) == 1
+        with pytest.raises(httpx2.ReadError):
+            await stream.__anext__()
+        await response.aclose()
         await server.closed.wait()
     assert server.open_now == 0 and transport.connections == 0
 

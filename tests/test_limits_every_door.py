@@ -273,3 +273,17 @@ async def test_a_relayed_chat_stream_of_comments_only_ends_after_stream_timeout(
     frames = [frame for frame in r.content.split(b"\n\n") if frame.startswith(b"data: ")]
     assert frames[-1] == b"data: [DONE]"
     assert orjson.loads(frames[-2][6:])["error"]["code"] == "backend_timeout"
+
+
+async def test_a_relayed_chat_stream_whose_backend_falls_silent_ends_after_stream_timeout(start_gateway, client):
+    # The relay's reads keep no transport timer: its data deadline alone must cut a backend that
+    # sent a chunk and then nothing at all (not even a comment).
+    url = await start_gateway(stream_timeout=0.5)
+    body = {"model": "hang", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with trio.fail_after(0.5 + 10):
+        r = await client.post(url + "/v1/chat/completions", json=body)
+    assert r.status_code == 200
+    frames = [frame for frame in r.content.split(b"\n\n") if frame.startswith(b"data: ")]
+    assert orjson.loads(frames[0][6:])["choices"][0]["delta"]["content"] == "Waiting"
+    assert orjson.loads(frames[-2][6:])["error"]["code"] == "backend_timeout"
+    assert frames[-1] == b"data: [DONE]"

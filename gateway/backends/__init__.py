@@ -90,9 +90,15 @@ class Passthrough(Protocol):
 
     status: int
     headers: dict[str, str]
-    data_timeout: float | None  # seconds the body may go without data (comments are not data)
+    # Seconds the body may go without data (comments are not data): the reader's to enforce (the
+    # body's own reads may keep no timer), stopping the read in progress with `abort`.
+    data_timeout: float | None
 
     def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    def abort(self) -> None:
+        """Stop the body: the read in progress, and any later one, raises `BackendError`."""
+        ...
 
 
 class PassthroughBackend(Protocol):

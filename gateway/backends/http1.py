@@ -223,11 +223,19 @@ class _Connection:
             self.drained = False
             counter = BACKEND_WAIT.get()  # (`_waiting` inlined: this wait is the hot path's)
             began = trio.current_time() if counter is not None else 0.0
-            with trio.move_on_after(timeout) as scope:
-                await trio.lowlevel.wait_readable(self.sock)
+            timed_out = False
+            try:
+                if timeout == math.inf:  # no timer: none to keep, or the caller bounds the wait (see _Body)
+                    await trio.lowlevel.wait_readable(self.sock)
+                else:
+                    with trio.move_on_after(timeout) as scope:
+                        await trio.lowlevel.wait_readable(self.sock)
+                    timed_out = scope.cancelled_caught
+            except trio.ClosedResourceError as exc:  # the body was stopped (`_Body.abort`)
+                raise httpx2.ReadError("the read was stopped") from exc
             if counter is not None:
                 counter.waited += trio.current_time() - began
-            if scope.cancelled_caught:
+            if timed_out:
                 raise httpx2.ReadTimeout("timed out reading from the backend")
 
     def is_alive(self) -> bool:
@@ -246,15 +254,22 @@ class _Connection:
 
 
 class _Body(httpx2.AsyncByteStream):
-    """A response body: each step yields what one read completed (chunk framing removed)."""
+    """A response body: each step yields what one read completed (chunk framing removed).
+
+    A reader that bounds the body's reads itself sets `read_timeout` to
+    math.inf (no timer per read: a cancel scope costs several microseconds
+    per read, more than the rest of a relayed read's work) and stops a read
+    it no longer wants with `abort`.
+    """
 
     def __init__(self, transport: Http1Transport, conn: _Connection, read_timeout: float, keep_alive: bool) -> None:
         self._transport = transport
         self._conn = conn
-        self._timeout = read_timeout
+        self.read_timeout = read_timeout  # seconds each read may wait for the socket
         self._keep_alive = keep_alive
         self._closed = False
         self._eof = False
+        self._aborted = False
 
     def __aiter__(self) -> _Body:
         return self
@@ -274,7 +289,9 @@ class _Body(httpx2.AsyncByteStream):
                 return data
             if conn.complete or self._eof or self._closed:
                 raise StopAsyncIteration
-            data = await conn.receive(self._timeout)
+            if self._aborted:
+                raise httpx2.ReadError("the read was stopped")
+            data = await conn.receive(self.read_timeout)
             if not data:
                 self._eof = True
                 if conn.framed:
@@ -282,11 +299,20 @@ class _Body(httpx2.AsyncByteStream):
                 continue
             conn.feed(data)
 
+    def abort(self) -> None:
+        """Stop reading: a read waiting for the socket ends now, and every later one at once,
+        with `httpx2.ReadError`; the connection is closed, not reused.  (Safe from another task.)"""
+        if self._aborted or self._closed:
+            return
+        self._aborted = True
+        conn = self._conn
+        trio.lowlevel.notify_closing(conn.tls.transport_stream.socket if conn.tls is not None else conn.sock)
+
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
-        reusable = self._keep_alive and self._conn.complete and not self._conn.body
+        reusable = self._keep_alive and self._conn.complete and not self._conn.body and not self._aborted
         self._transport._release(self._conn, reusable=reusable)
 
 

@@ -12,7 +12,8 @@ Responses API or about how events reach the client.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+import math
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import httpx2
@@ -173,6 +174,8 @@ class ChatStream:
         at once; if it must wait for the network, it gives up after a moment
         and the connection is simply closed.
         """
+        if getattr(self._chunks, "finished", False):  # (the transport's body: read to its end)
+            return
         with trio.move_on_after(_DRAIN_GRACE):
             try:
                 async for _ in self._chunks:
@@ -247,10 +250,13 @@ def map_backend_errors() -> Iterator[None]:
 class PassthroughResponse:
     """A backend's answer to a passthrough request: status, headers and body, secrets redacted.
 
-    Iterating gives the body's bytes as they arrive.
+    Iterating gives the body's bytes as they arrive.  Its reader bounds each
+    read (`data_timeout`) and stops one it no longer wants with `abort`: the
+    transport's own body is stopped directly, without a timer or a cancel
+    scope per read; a body read through the client, read by read in a scope.
 
     Raises (from iteration):
-        BackendUnavailable: the connection was lost mid-body.
+        BackendUnavailable: the connection was lost mid-body, or the body was stopped.
     """
 
     def __init__(
@@ -264,12 +270,14 @@ class PassthroughResponse:
         backend: str = "the backend",
         label: str | None = None,
         closing: Http1Response | httpx2.Response,
+        abort: Callable[[], None] | None = None,
     ) -> None:
         """`headers`: the answer's, names lower-case (a repeated one joined); `chunks`: its body as
         it arrives, already decoded; `data_timeout`: seconds the backend may go without sending
         data (its read timeout, STREAM_TIMEOUT); `backend`: which one answered (its name and
         URL), for the log; `label`: the same, for the outcome; `closing`: the answer `aclose` ends
-        (its connection back to the pool, or closed)."""
+        (its connection back to the pool, or closed); `abort`: stops the body's reads (the
+        transport's `_Body.abort`), None when they must be stopped by cancelling them."""
         self.status = status
         self.backend = backend
         self.backend_label = label
@@ -279,9 +287,20 @@ class PassthroughResponse:
         self._ended = False
         self._closing = closing
         self.data_timeout = data_timeout
+        self._abort = abort
+        self._stopped = False
+        self._reading: trio.CancelScope | None = None  # around a read, when there is no `abort`
 
     async def aclose(self) -> None:
         await self._closing.aclose()
+
+    def abort(self) -> None:
+        """Stop the body: the read in progress, and any later one, raises `BackendUnavailable`."""
+        self._stopped = True
+        if self._abort is not None:
+            self._abort()
+        elif self._reading is not None:
+            self._reading.cancel()
 
     def __aiter__(self) -> PassthroughResponse:
         return self
@@ -289,7 +308,16 @@ class PassthroughResponse:
     async def __anext__(self) -> bytes:
         while not self._ended:
             try:
-                data = await self._chunks.__anext__()
+                if self._abort is not None:  # (the hot path: no scope)
+                    data = await self._chunks.__anext__()
+                else:
+                    if self._stopped:
+                        raise BackendUnavailable("the relayed body was stopped")
+                    with trio.CancelScope() as self._reading:
+                        data = await self._chunks.__anext__()
+                    self._reading = None
+                    if self._stopped:
+                        raise BackendUnavailable("the relayed body was stopped")
             except StopAsyncIteration:
                 self._ended = True
                 data = self._redact.flush()
@@ -417,7 +445,7 @@ class OpenAICompatibleBackend:
             finally:
                 # Closing must finish even when the request is being cancelled (the
                 # client left): that is what tells the backend to stop generating.
-                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + 2):
                     await response.aclose()
 
     async def _start_chat(self, body: dict[str, Any], headers: Mapping[str, str] | None) -> Http1Response | httpx2.Response:
@@ -606,13 +634,17 @@ class OpenAICompatibleBackend:
             )
         connect, read, write = fixed.timeouts
         answer = await self._transport.open(fixed.origin, message, connect_timeout=connect, read_timeout=read, write_timeout=write)
+        if self._data_timeout:
+            # The body's reads need no timer of their own: the relay's data deadline (the same
+            # length, counted from the last data rather than the last byte) bounds them all.
+            answer.stream.read_timeout = math.inf
         chunks: AsyncIterator[bytes] = answer.stream
         head = _joined(answer.raw_headers)
         if head.get("content-encoding", "identity").strip().lower() != "identity":
             chunks = httpx2.Response(answer.status_code, headers=answer.raw_headers, stream=answer.stream).aiter_bytes()
         return PassthroughResponse(
             answer.status_code, head.items(), chunks, self._redactor,
-            data_timeout=self._data_timeout, backend=backend, label=label, closing=answer,
+            data_timeout=self._data_timeout, backend=backend, label=label, closing=answer, abort=answer.stream.abort,
         )
 
 

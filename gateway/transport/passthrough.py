@@ -10,6 +10,12 @@ event stream with an `error` event (`backend_timeout`) and `[DONE]` after
 the last whole event.  A drain that runs out of time stops it the same way
 (`server_shutting_down`); before the backend answered, the client gets a
 503.  Decides nothing about the protocol.
+
+The reads keep no timer: a cancel scope per read cost more than the rest
+of a relayed read's work.  The process's ticker (`Heartbeats`) looks at
+the data deadline instead, at most a sixteenth of the heartbeat interval
+after it passes, and a drain out of time stops the read the same way, by
+aborting the backend's body (`Passthrough.abort`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ..render import answer
 from ..streams.sse import encode_done
 from ..streams.usage import UsageMeter
 from ..turn.relay import Relay
+from .heartbeats import Heartbeats, Ticket
 from .sse import DeferredHeadBody
 
 __all__ = ["PassthroughBody"]
@@ -37,9 +44,12 @@ log = logging.getLogger("gateway")
 class PassthroughBody(DeferredHeadBody):
     """Relays one request to the backend, streaming the answer (see the module docstring)."""
 
-    def __init__(self, backend: PassthroughBackend, relay: Relay, *, drain: Drain | None = None) -> None:
+    def __init__(
+        self, backend: PassthroughBackend, relay: Relay, *, heartbeats: Heartbeats, drain: Drain | None = None
+    ) -> None:
         self._backend = backend
         self._relay = relay
+        self._heartbeats = heartbeats
         self._drain = drain
         self._cm: Any = None
         self._upstream: Any = None
@@ -49,8 +59,10 @@ class PassthroughBody(DeferredHeadBody):
         self._chunks: Any = None
         self._meter: UsageMeter | None = None
         self._events = False  # the answer is an event stream
-        self._read: trio.CancelScope | None = None  # around the read in progress
-        self._stopped = False
+        self._opening: trio.CancelScope | None = None  # around the wait for the backend's answer
+        self._stopped = False  # by a drain out of time
+        self._timed_out = False  # by the data deadline
+        self._ticket: Ticket | None = None  # the ticker's look at the data deadline
         self._ending = b""  # what an event stream needs before a last event (a blank line)
         self._data_timeout: float | None = None
         self._data_at = 0.0  # when data last came
@@ -64,9 +76,9 @@ class PassthroughBody(DeferredHeadBody):
         self._counting = BACKEND_WAIT.set(relay.outcome)
         cm = self._backend.open_passthrough(relay.method, relay.path, relay.query, relay.headers, relay.body)
         try:
-            with trio.CancelScope() as self._read:
+            with trio.CancelScope() as self._opening:
                 if self._stopped:
-                    self._read.cancel()
+                    self._opening.cancel()
                 self._upstream = await cm.__aenter__()
         except GatewayError as error:
             self._fail_before_answer(error)
@@ -74,7 +86,7 @@ class PassthroughBody(DeferredHeadBody):
             self._stop_counting()
             raise
         else:
-            if self._read.cancelled_caught:
+            if self._opening.cancelled_caught:
                 self._upstream = None
                 self._fail_before_answer(ShuttingDown.stopped())
                 return self
@@ -84,10 +96,12 @@ class PassthroughBody(DeferredHeadBody):
             self._meter = UsageMeter(events=self._events)
             self._data_timeout = getattr(self._upstream, "data_timeout", None)
             self._data_at = trio.current_time()
+            if self._data_timeout:
+                self._ticket = self._heartbeats.add(self, self._data_at + self._data_timeout)
             if relay.outcome is not None:
                 relay.outcome.backend = getattr(self._upstream, "backend_label", None)
         finally:
-            self._read = None
+            self._opening = None
         return self
 
     def _fail_before_answer(self, error: GatewayError) -> None:
@@ -97,8 +111,25 @@ class PassthroughBody(DeferredHeadBody):
     def cancel(self) -> None:
         """Stop (a drain out of time): the read in progress ends, and so does the body."""
         self._stopped = True
-        if self._read is not None:
-            self._read.cancel()
+        self._interrupt()
+
+    def beat(self, now: float, stall_timeout: float | None) -> float | None:
+        """The ticker's look at the data deadline: when to look again; None once over (past it,
+        the read in progress ends, and so does the body)."""
+        if self._chunks is None or not self._data_timeout:
+            return None
+        due = self._data_at + self._data_timeout
+        if now < due:
+            return due
+        self._timed_out = True
+        self._interrupt()
+        return None
+
+    def _interrupt(self) -> None:
+        if self._opening is not None:  # still waiting for the answer
+            self._opening.cancel()
+        elif self._upstream is not None and self._chunks is not None:
+            self._upstream.abort()
 
     async def head(self) -> tuple[int, dict[str, str]]:
         if self._upstream is None:
@@ -125,24 +156,18 @@ class PassthroughBody(DeferredHeadBody):
             return answer_bytes
         if self._chunks is None:
             raise StopAsyncIteration
-        ending: GatewayError | None = None
-        if self._stopped:
-            ending = ShuttingDown.stopped()
-        else:
-            data: bytes | None = None
-            with trio.CancelScope() as self._read:  # cancelled by a drain out of time, or the data deadline
-                if self._data_timeout:
-                    self._read.deadline = self._data_at + self._data_timeout
-                try:
-                    data = await self._chunks.__anext__()
-                except StopAsyncIteration:
-                    raise
-                except Exception as error:  # the backend dropped mid-body; nothing more can be said
+        if not (self._stopped or self._timed_out):
+            try:
+                data = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                self._chunks = None  # (the ticker has nothing left to look at)
+                raise
+            except Exception as error:
+                if not (self._stopped or self._timed_out):  # the backend dropped mid-body; nothing more can be said
                     log.warning("passthrough body from the backend was cut (%s)", type(error).__name__)
                     self._failed = "backend_stream_error"
                     raise StopAsyncIteration from None
-            self._read = None
-            if data is not None:
+            else:
                 assert self._meter is not None
                 if self._meter.feed(data):
                     now = self._data_at = trio.current_time()
@@ -151,15 +176,16 @@ class PassthroughBody(DeferredHeadBody):
                 if self._events:
                     self._ending = b"" if data.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
                 return data
-            if self._stopped:
-                ending = ShuttingDown.stopped()
-            else:
-                log.warning(
-                    "the backend sent no data for %g s on a relayed /v1/%s; the body is ended",
-                    self._data_timeout,
-                    self._relay.path,
-                )
-                ending = BackendTimeout(f"the backend sent no data for {self._data_timeout:g} s")
+        ending: GatewayError
+        if self._stopped:
+            ending = ShuttingDown.stopped()
+        else:
+            log.warning(
+                "the backend sent no data for %g s on a relayed /v1/%s; the body is ended",
+                self._data_timeout,
+                self._relay.path,
+            )
+            ending = BackendTimeout(f"the backend sent no data for {self._data_timeout:g} s")
         self._chunks = None
         self._failed = ending.code
         if not self._events:
@@ -175,6 +201,8 @@ class PassthroughBody(DeferredHeadBody):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._stop_counting()
+        if self._ticket is not None:
+            self._ticket.cancel()
         try:
             if self._drain is not None:
                 self._drain.untrack(self)
