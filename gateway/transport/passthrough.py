@@ -126,10 +126,13 @@ class PassthroughBody(DeferredHeadBody):
         return None
 
     def _interrupt(self) -> None:
+        # (Run by the ticker and the drain: never raises.)
         if self._opening is not None:  # still waiting for the answer
             self._opening.cancel()
         elif self._upstream is not None and self._chunks is not None:
-            self._upstream.abort()
+            abort = getattr(self._upstream, "abort", None)
+            if abort is not None:
+                abort()
 
     async def head(self) -> tuple[int, dict[str, str]]:
         if self._upstream is None:
