@@ -47,7 +47,7 @@ class DirectRoutes:
         path, headers = scope.get("path", ""), scope.get("headers", ())
         where = f"{scope.get('method')} {path} {ctx.request_id or ''}".rstrip()
         try:
-            raw = await intake.read_body(receive, settings.max_request_body_bytes, self._body_timeout)
+            raw = await intake.read_body(receive, settings.max_request_body_bytes, self._body_timeout, scope)
             if raw is None:
                 return  # the client left
             encoding = intake.header(headers, b"content-encoding")

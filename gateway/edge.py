@@ -38,7 +38,7 @@ import trio
 
 from . import loops
 from .errors import GatewayError, InternalError, InvalidRequest, LoopDetected, ShuttingDown
-from .intake import discard_body
+from .intake import HTTP11_EXTENSION, discard_body
 from .render import Dialect, deny_websocket, dialect_of, send_error
 from .observe import Telemetry, route_of
 from .streams.translator import random_id
@@ -170,6 +170,7 @@ class Edge:
                 await send_error(send, refusal, close=isinstance(refusal, ShuttingDown), where=_where(scope), **_shape(scope))
                 return
         started = False
+        atomic_start = HTTP11_EXTENSION in (scope.get("extensions") or ())
 
         async def guarded_send(message: Message) -> None:
             # On the path of every body chunk: one lookup for the chunks in between.
@@ -181,6 +182,9 @@ class Edge:
                     await send(message)
             elif message["type"] == "http.response.start":
                 started = True
+                if atomic_start:  # (the gateway's own server takes it at once: no scope to pay for)
+                    await send(message)
+                    return
                 # Shielded, and without a deadline: cancelled half-way (after h11
                 # took the status line, before hypercorn's stream noted it),
                 # hypercorn would answer 500 in the middle of the response.

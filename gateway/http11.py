@@ -51,6 +51,7 @@ import orjson
 import trio
 
 from .edge import is_failure
+from .intake import HTTP11_EXTENSION
 from .http11_websocket import WebSocketExchange, asks_for_websocket
 from .transport.coalesce import current_batch
 
@@ -583,8 +584,13 @@ class _Exchange:
             "client": connection.client,
             "server": connection.local,
             "state": connection.server.state.copy(),
-            "extensions": {},
+            "extensions": {HTTP11_EXTENSION: {"body_ready": self.body_ready}},
         }
+
+    def body_ready(self) -> bool:
+        """The request's whole body has arrived and not yet gone to the app: its next `receive`
+        returns it without waiting."""
+        return self.request_complete and not self.body_said
 
     async def receive(self) -> Message:
         connection = self.connection

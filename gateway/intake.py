@@ -87,8 +87,23 @@ def gateway_tools_wanted(flag: Any, header: str = "") -> bool:
 # --- bodies ---------------------------------------------------------------------------------
 
 
-async def read_body(receive: Receive, limit: int, timeout: float) -> bytes | None:
+# The ASGI extension the gateway's own HTTP/1.1 server (http11.py) declares in every HTTP scope:
+# what the app may rely on there and not on every server.  `http.response.start` is taken at
+# once (its `send` never waits, so it cannot be cancelled half-way), and `body_ready()` says
+# whether the next `receive` returns the whole body without waiting.
+HTTP11_EXTENSION = "gateway.http11"
+
+
+def _body_ready(scope: Any) -> bool:
+    extension = (scope.get("extensions") or {}).get(HTTP11_EXTENSION)
+    return extension is not None and extension["body_ready"]()
+
+
+async def read_body(receive: Receive, limit: int, timeout: float, scope: Any = None) -> bytes | None:
     """The request's body, whole; None when the client left before sending it all.
+
+    With the request's `scope`, a body the server already holds whole is
+    taken without a timer (no cancel scope on the path of every request).
 
     Raises:
         RequestTooLarge: it passes `limit` bytes.
@@ -96,6 +111,17 @@ async def read_body(receive: Receive, limit: int, timeout: float) -> bytes | Non
     """
     parts: list[bytes] = []
     size = 0
+    if scope is not None and _body_ready(scope):
+        message = await receive()
+        if message["type"] != "http.request":  # the client left
+            return None
+        chunk: bytes = message.get("body", b"")
+        if len(chunk) > limit:
+            raise RequestTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+        if not message.get("more_body", False):
+            return chunk
+        parts.append(chunk)  # (not whole after all: the rest is read as on any server)
+        size = len(chunk)
     with trio.move_on_after(timeout):
         while True:
             message = await receive()

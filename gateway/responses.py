@@ -64,7 +64,7 @@ class ResponsesRoute:
         ctx = RequestContext.of(scope)
         where = f"POST {scope.get('path')} {ctx.request_id or ''}".rstrip()
         try:
-            raw = await intake.read_body(receive, settings.max_request_body_bytes, self._body_timeout)
+            raw = await intake.read_body(receive, settings.max_request_body_bytes, self._body_timeout, scope)
             if raw is None:
                 return  # the client left
             encoding = intake.header(scope.get("headers", ()), b"content-encoding")

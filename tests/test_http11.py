@@ -20,6 +20,8 @@ import pytest
 import trio
 
 import gateway
+from gateway.errors import RequestTooLarge
+from gateway.intake import HTTP11_EXTENSION, read_body
 from asgi_helpers import answer_lifespan
 from conftest import make_settings, parse_sse
 from test_http_edges import STREAM_BODY, connect, dechunk, error_of, read_until_closed, split_response
@@ -200,3 +202,50 @@ async def test_a_receive_waiting_for_the_clients_end_hears_http_disconnect_once_
             with trio.fail_after(5):
                 await ended[n].wait()  # while the connection is kept alive, not once it closes
     assert heard == ["http.disconnect"] * 3
+
+
+async def test_the_scope_says_whether_the_body_is_already_whole_and_the_app_reads_it_either_way(nursery):
+    # The server's extension (`intake.HTTP11_EXTENSION`): `body_ready()` is true when the next
+    # `receive` hands over the whole body without waiting; a body still on its way says false,
+    # and `read_body` then waits for it under its timer.
+    ready: list[bool] = []
+    bodies: list[bytes | None] = []
+    arrived = trio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
+        ready.append(scope["extensions"][HTTP11_EXTENSION]["body_ready"]())
+        arrived.set()
+        bodies.append(await read_body(receive, 1000, 5, scope))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    url = await nursery.start(functools.partial(gateway.serve, make_settings("http://127.0.0.1:9"), app=app))  # type: ignore[arg-type]
+    async with await connect(url) as stream:
+        await stream.send_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nwhole")
+        await read_response(stream)
+        arrived = trio.Event()
+        await stream.send_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nla")  # the rest comes later
+        with trio.fail_after(5):
+            await arrived.wait()
+        await stream.send_all(b"ter")
+        answer, _ = await read_response(stream)
+    assert answer.endswith(b"ok")
+    assert ready == [True, False]
+    assert bodies == [b"whole", b"later"]
+
+
+async def test_read_body_goes_on_reading_when_a_body_said_whole_comes_in_parts() -> None:
+    messages = [{"type": "http.request", "body": b"par", "more_body": True}, {"type": "http.request", "body": b"ts"}]
+
+    async def receive() -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        return messages.pop(0)
+
+    scope = {"extensions": {HTTP11_EXTENSION: {"body_ready": lambda: True}}}
+    assert await read_body(receive, 100, 5, scope) == b"parts"
+    with pytest.raises(RequestTooLarge):
+        messages[:] = [{"type": "http.request", "body": b"x" * 101}]
+        await read_body(receive, 100, 5, scope)

@@ -309,6 +309,10 @@ class _Body(httpx2.AsyncByteStream):
         trio.lowlevel.notify_closing(conn.tls.transport_stream.socket if conn.tls is not None else conn.sock)
 
     async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """`aclose` without its await: the connection goes back to the pool, or is closed."""
         if self._closed:
             return
         self._closed = True

@@ -294,6 +294,15 @@ class PassthroughResponse:
     async def aclose(self) -> None:
         await self._closing.aclose()
 
+    def close_now(self) -> bool:
+        """Close without waiting, when the answer allows it (the transport's own, whose close only
+        returns its connection to the pool or closes it); False when `aclose` must be awaited."""
+        closing = self._closing
+        if isinstance(closing, Http1Response):
+            closing.stream.close()
+            return True
+        return False
+
     def abort(self) -> None:
         """Stop the body: the read in progress, and any later one, raises `BackendUnavailable`."""
         self._stopped = True
@@ -675,7 +684,7 @@ class _Passthrough:
 
     async def __aexit__(self, *exc_info: object) -> None:
         response, self._response = self._response, None
-        if response is not None:
+        if response is not None and not response.close_now():
             with trio.CancelScope(shield=True, deadline=trio.current_time() + 2):
                 await response.aclose()
 
