@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 import socket
+from typing import Any
 
 import httpx2
 import pytest
 import trio
 import trio.testing
 
-from gateway.backends.http1 import _READ_SIZE, FixedRequest, Http1Transport, _Connection, _request_bytes
+from gateway.backends.http1 import _READ_SIZE, FixedRequest, Http1Transport, SentRequest, _Connection, _request_bytes
 from gateway.loops import HOP_HEADER, outgoing_hops
 
 
@@ -419,3 +420,91 @@ async def test_after_a_read_that_did_not_fill_the_buffer_the_next_waits_for_the_
         assert whole == b"x" * (_READ_SIZE + 10) and counted.empty == 0
     ours.close()
     theirs.close()
+
+
+class Chat:
+    """One prebuilt request to a test server's chat path, on `transport`: asked whole (`ask`),
+    or begun at once (`begin`, the answer read later)."""
+
+    def __init__(self, transport: Http1Transport, url: str, body: bytes = b"{}") -> None:
+        fixed = FixedRequest("POST", url + "/v1/chat/completions", {"content-type": "application/json"})
+        message = fixed.message(body)
+        assert message is not None
+        self.transport, self.origin, self.message = transport, fixed.origin, message
+
+    async def ask(self) -> bytes:
+        return await read_answer(await self.transport.open(self.origin, self.message, connect_timeout=5, read_timeout=5, write_timeout=5))
+
+    def begin(self) -> SentRequest | None:
+        return self.transport.send_now(self.origin, self.message, connect_timeout=5, write_timeout=5)
+
+
+async def read_answer(answer: Any) -> bytes:
+    try:
+        return b"".join([part async for part in answer.stream])
+    finally:
+        await answer.aclose()
+
+
+async def test_a_request_sent_now_reaches_the_backend_before_its_answer_is_asked_for(nursery):
+    # `send_now` writes the request on a kept-alive connection at once, waiting for nothing:
+    # the server has it while the caller does other work; `response` then reads the answer.
+    arrived = trio.Event()
+
+    def answer(n: int) -> bytes:
+        arrived.set()
+        return HEAD + chunked(b"answer %d" % n)
+
+    server = Server(answer)
+    url = await nursery.start(server.serve)
+    transport = Http1Transport(max_connections=1)
+    chat = Chat(transport, url, b'{"x": 1}')
+    with trio.fail_after(10):
+        assert chat.begin() is None  # no kept-alive connection yet: nothing sent, the caller uses `open`
+        assert await chat.ask() == b"answer 1"
+        arrived = trio.Event()
+        sent = chat.begin()
+        assert sent is not None
+        await arrived.wait()  # the server answered before anyone asked for the answer
+        assert await read_answer(await sent.response(5)) == b"answer 2"
+        sent.close()  # (nothing, once answered)
+    assert server.connections == 1 and server.requests == [chat.message, chat.message]
+    assert transport.connections == 1  # the connection is back in the pool, its slot free
+    https = ("https", "127.0.0.1", 1)
+    assert transport.send_now(https, chat.message, connect_timeout=5, write_timeout=5) is None  # TLS waits for its handshake
+    await transport.aclose()
+
+
+async def test_a_request_sent_now_waits_for_no_slot_and_one_let_go_closes_its_connection(nursery):
+    server = Server(lambda n: [HEAD + b"5\r\nhello\r\n0\r\n\r\n"] if n == 1 else None)  # then: silence
+    url = await nursery.start(server.serve)
+    transport = Http1Transport(max_connections=1)
+    chat = Chat(transport, url)
+    with trio.fail_after(10):
+        assert await chat.ask() == b"hello"
+        sent = chat.begin()
+        assert sent is not None
+        assert chat.begin() is None  # the one slot is taken: another is not begun (it would wait)
+        sent.close()  # nobody will read its answer: the backend is told by the connection's close
+        await server.closed.wait()
+    assert transport.connections == 0 and server.open_now == 0
+    with trio.fail_after(10):  # and its slot is free again
+        sent = await transport.send(chat.origin, chat.message, connect_timeout=5, write_timeout=5)
+        sent.close()
+
+
+async def test_a_request_sent_now_on_a_connection_the_server_dropped_goes_again_on_a_new_one(nursery):
+    # Like llama.cpp: it advertises keep-alive, then closes when the next request arrives.
+    # The early send succeeds (the kernel takes the bytes); reading the answer finds the
+    # connection closed unanswered, and the request goes again, once, on a new connection.
+    dropping = Server(lambda n: HEAD + chunked(b"ok") if n % 2 else b"")
+    url = await nursery.start(dropping.serve)
+    transport = Http1Transport(max_connections=4)
+    chat = Chat(transport, url)
+    with trio.fail_after(10):
+        assert await chat.ask() == b"ok"
+        sent = chat.begin()
+        assert sent is not None
+        assert await read_answer(await sent.response(5)) == b"ok"
+    assert dropping.connections == 2 and len(dropping.requests) == 3
+    await transport.aclose()

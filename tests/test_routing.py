@@ -19,6 +19,7 @@ from conftest import SequentialIds, make_settings, parse_sse
 from gateway.backends.config import parse_config
 from gateway.backends.routing import build_router
 from gateway.config import ConfigError
+from gateway.errors import BackendUnavailable
 from gateway.redact import Redactor
 from scripted_backend import ScriptedBackend, serve_backend
 from spec import validate_event
@@ -323,3 +324,51 @@ async def test_a_codex_model_catalog_lists_the_routed_models_with_their_context_
     url = await start_with_config(nursery, tmp_path, text, monkeypatch)
     listed = {m["id"]: m for m in (await client.get(url + "/v1/models")).json()["data"]}
     assert listed["qwen3-coder"]["context_window"] == 131072
+
+
+async def test_a_request_begun_early_is_answered_by_the_first_backend_or_let_go_when_it_is_not_tried(nursery, two):
+    # `begin_chat` sends the first round's request before the round starts (the gateway sets up
+    # the client's stream meanwhile); the round reads its answer.  When the first backend is no
+    # longer the one tried (its circuit opened in between), the begun request is let go (its
+    # connection closed) and the route goes on as ever.
+    a, b = two
+    config = parse_config(
+        f"""
+[backends.first]
+base_url = "{a.url}"
+[backends.second]
+base_url = "{b.url}"
+[[routes]]
+model = "text"
+backends = ["first", "second"]
+[fallback]
+failures_to_open = 1
+cooldown = 30
+"""
+    )
+    router = build_router(config, make_settings(a.url), Redactor(()))
+    body = {"model": "text", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+    async def answer(opening: Any = None) -> str:
+        async with router.open_chat_stream(body, opening=opening) as stream:
+            chunks = [chunk async for batch in stream for chunk in batch]
+        return "".join((c["choices"][0]["delta"].get("content") or "") for c in chunks if isinstance(c, dict) and c.get("choices"))
+
+    with trio.fail_after(10):
+        assert router.begin_chat(body) is None  # no kept-alive connection yet: sent by the round
+        assert await answer() == "Hello, world!"
+        opening = router.begin_chat(body)
+        assert opening is not None
+        await a.wait_for(lambda: len(chats(a)) == 2)  # it arrived before the round began
+        assert await answer(opening) == "Hello, world!"
+        assert (len(chats(a)), len(chats(b))) == (2, 0)
+
+        opening = router.begin_chat(body)
+        assert opening is not None
+        await a.wait_for(lambda: len(chats(a)) == 3)
+        first = router.backends["first"]
+        router._failed(first, BackendUnavailable("down"))  # meanwhile its circuit opened
+        assert await answer(opening) == "Hello, world!"
+        assert (len(chats(a)), len(chats(b))) == (3, 1)
+        assert first.adapter._transport.connections == 0  # the begun request's connection was closed
+    await router.aclose()

@@ -15,6 +15,7 @@ import trio
 
 import gateway
 from conftest import SequentialIds, make_settings, parse_sse
+from gateway.backends.http1 import Http1Transport
 from spec import validate_event
 
 
@@ -200,3 +201,35 @@ async def test_a_streamed_request_opts_out_by_header_too(tools_gateway, client, 
         url + "/v1/responses", json={"model": "text", "input": "x", "stream": True}, headers={"x-gateway-tools": "none"}
     )
     assert "tools" not in backend.chat_requests[-1]
+
+
+async def test_a_streamed_turn_begun_before_its_stream_sets_up_sends_the_same_request_and_runs_the_loop(
+    tools_gateway, client, backend, monkeypatch
+):
+    # On a kept-alive backend connection a streamed turn's first request is sent before its
+    # stream sets up (`Turn.begin`): the same request a round sends, the gateway's tools in it.
+    begun: list[bool] = []
+    send_now = Http1Transport.send_now
+
+    def watched(self: Http1Transport, *args: Any, **kwargs: Any) -> Any:
+        sent = send_now(self, *args, **kwargs)
+        begun.append(sent is not None)
+        return sent
+
+    monkeypatch.setattr(Http1Transport, "send_now", watched)
+    tools, start = tools_gateway
+    url = await start()
+    ask = {"model": "mcp-add", "input": "2+3?"}
+    final = (await client.post(url + "/v1/responses", json=ask)).json()  # (JSON: sent by its round)
+    assert begun == []
+    r = await client.post(url + "/v1/responses", json={**ask, "stream": True})
+    assert begun == [True]  # (the connection the JSON answer came on was kept alive)
+    frames = parse_sse(r.content)
+    assert [e["sequence_number"] for e in frames[:-1]] == list(range(len(frames) - 1))
+    streamed = frames[-2]["response"]
+    for answer in (final, streamed):
+        assert [item["type"] for item in answer["output"]] == ["message", "mcp_call", "message"]
+        assert answer["output"][2]["content"][0]["text"] == "Tool result: 5"
+    sent_by_round, _, sent_early, _ = backend.chat_requests
+    assert sent_early == sent_by_round and "add" in [t["function"]["name"] for t in sent_early["tools"]]
+    assert tools.calls == [("add", {"a": 2, "b": 3})] * 2

@@ -146,6 +146,23 @@ async def test_a_request_through_a_tool_loop_is_one_trace_carried_to_the_backend
     await tracing_of(app).aclose()  # its exporter stops with the test's receiver
 
 
+async def test_a_streamed_request_on_a_kept_alive_connection_carries_its_rounds_span_too(nursery, backend, client):
+    # Untraced, such a request is sent before its stream sets up (`Turn.begin`); traced, it
+    # waits for its round, whose span it carries.
+    receiver = OTLPReceiver()
+    receiver_url = await nursery.start(serve_asgi, receiver)
+    url, app = await start_traced_gateway(nursery, backend, receiver_url)
+    for _ in range(2):  # (the start-up's probe left a kept-alive connection for the first already)
+        r = await client.post(url + "/v1/responses", json={"model": "text", "input": "hi", "stream": True})
+        assert parse_sse(r.content)[-2]["type"] == "response.completed"
+    await tracing_of(app).flush()
+    rounds = receiver.named("backend round")
+    sent = [request.headers["traceparent"] for request in backend.requests if request.path == "/v1/chat/completions"]
+    assert len(sent) == len(rounds) == 2
+    assert sorted(header.split("-")[2] for header in sent) == sorted(span["span_id"] for span in rounds)
+    await tracing_of(app).aclose()
+
+
 async def test_each_request_without_a_traceparent_starts_its_own_trace_and_failures_are_marked(nursery, backend, client):
     receiver = OTLPReceiver()
     receiver_url = await nursery.start(serve_asgi, receiver)

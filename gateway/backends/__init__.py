@@ -30,6 +30,7 @@ __all__ = [
     "Backend",
     "ChatBackend",
     "ChatChunks",
+    "ChatOpening",
     "NativeRequest",
     "OpenAICompatibleBackend",
     "Passthrough",
@@ -58,7 +59,25 @@ class ChatChunks(Protocol):
     def __aiter__(self) -> AsyncIterator[list[Any]]: ...
 
 
+class ChatOpening(Protocol):
+    """A chat request a backend began before its round (`begin_chat`), until the round takes it."""
+
+    def close(self) -> None:
+        """Let the request go unanswered, when no round took it (nothing once one did)."""
+        ...
+
+
 class ChatBackend(Protocol):
+    """What the turn engine calls a backend through.
+
+    A backend may also offer `begin_chat(body, *, headers=None, native=None)
+    -> ChatOpening | None` (an optional capability, looked up by name): the
+    request is sent at once, without waiting for anything, and the round that
+    follows passes the opening to `open_chat_stream(..., opening=)`, which
+    reads its answer.  None: it could not be begun so (no kept-alive
+    connection free, say); `open_chat_stream` sends it as usual.
+    """
+
     def open_chat_stream(
         self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None
     ) -> contextlib.AbstractAsyncContextManager[ChatChunks]:

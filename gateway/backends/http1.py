@@ -47,7 +47,7 @@ import trio
 from ..loops import HOP_HEADER, outgoing_hops
 
 __all__ = [
-    "BACKEND_WAIT", "FixedRequest", "Http1Response", "Http1Transport", "WaitClock", "WaitCounter", "counting_waits", "origin_of",
+    "BACKEND_WAIT", "FixedRequest", "Http1Response", "Http1Transport", "SentRequest", "WaitClock", "WaitCounter", "counting_waits", "origin_of",
 ]
 
 _READ_SIZE = 64 * 1024
@@ -393,6 +393,128 @@ def origin_of(url: httpx2.URL) -> Origin:
     return (scheme, url.host, url.port or _DEFAULT_PORTS[scheme])
 
 
+class SentRequest:
+    """A request sent on one of the transport's connections, its answer not yet read.
+
+    It holds one of the transport's slots and the connection until
+    `response` hands both to the response's body, or `close` lets them go
+    (the connection closed: the backend stops working on the request).
+    """
+
+    __slots__ = ("_transport", "_origin", "_message", "_unsent", "_connect_timeout", "_write_timeout", "_conn", "_reused", "_held")
+
+    def __init__(
+        self, transport: Http1Transport, origin: Origin, message: bytes, connect_timeout: float, write_timeout: float
+    ) -> None:
+        self._transport = transport
+        self._origin = origin
+        self._message = message
+        self._connect_timeout = connect_timeout
+        self._write_timeout = write_timeout
+        self._unsent = b""  # what `send_now` could not send at once: `response` sends it first
+        self._conn: _Connection | None = None
+        self._reused = False
+        self._held = True  # the slot (and the connection, once there is one)
+
+    @classmethod
+    def now(
+        cls, transport: Http1Transport, origin: Origin, conn: _Connection, message: bytes, connect_timeout: float, write_timeout: float
+    ) -> SentRequest | None:
+        """`message` started on the idle `conn` (its slot taken), as far as it goes without
+        waiting; None, with the slot given back, when the connection turned out closed."""
+        sent = cls(transport, origin, message, connect_timeout, write_timeout)
+        sent._conn, sent._reused = conn, True
+        conn.start_response()
+        try:
+            count = conn.sock.send(message)
+        except BlockingIOError:
+            count = 0
+        except OSError:
+            sent.close()
+            return None
+        sent._unsent = message[count:]
+        return sent
+
+    async def send(self, *, fresh: bool = False) -> None:
+        """Send the request on a pooled connection, or a new one (`fresh`: never a pooled one).
+
+        Raises:
+            httpx2.TransportError: it could not be connected or sent.
+        """
+        transport = self._transport
+        while True:
+            conn = None if fresh else transport._reuse(self._origin)
+            self._reused = conn is not None
+            if conn is None:
+                conn = await transport._connect(self._origin, self._connect_timeout)
+            self._conn = conn
+            conn.start_response()
+            try:
+                await conn.send(self._message, self._write_timeout)
+            except httpx2.WriteError:
+                if not self._reused:
+                    raise
+                # A keep-alive connection the server had closed: the request goes on another.
+                conn.close()
+                self._conn = None
+                continue
+            return
+
+    async def response(self, read_timeout: float, *, bodiless: bool = False) -> Http1Response:
+        """The answer once its head has arrived; its body (still to read) now holds the
+        connection and the slot.
+
+        Raises:
+            httpx2.TransportError: as `Http1Transport.open`.
+        """
+        try:
+            while True:
+                conn = self._conn
+                assert conn is not None and self._held, "a sent request is answered once"
+                try:
+                    if self._unsent:
+                        unsent, self._unsent = self._unsent, b""
+                        await conn.send(unsent, self._write_timeout)
+                    while not conn.headers_done:
+                        data = await conn.receive(read_timeout)
+                        if not data:
+                            raise httpx2.RemoteProtocolError("the backend closed the connection without a response")
+                        conn.received = True
+                        conn.feed(data)
+                except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
+                    if not self._reused or conn.received:
+                        raise
+                    # A keep-alive connection the server had closed (llama.cpp closes
+                    # one when the next request arrives, without saying so before):
+                    # nothing was answered, so the request goes again on a new one.
+                    conn.close()
+                    self._conn = None
+                    await self.send(fresh=True)
+                    continue
+                break
+            status = conn.parser.get_status_code()
+            conn.framed = any(name.lower() in _FRAMING for name, _ in conn.headers)
+            keep_alive = conn.keep_alive
+            if bodiless:  # no body follows, whatever the headers say
+                conn.complete, keep_alive = True, False  # (and the parser would wait for one: not reused)
+            body = _Body(self._transport, conn, read_timeout, keep_alive=keep_alive)
+        except BaseException:
+            self.close()
+            raise
+        self._held, self._conn = False, None
+        return Http1Response(status, conn.headers, body)
+
+    def close(self) -> None:
+        """Let the request go unanswered (nothing once `response` returned)."""
+        if not self._held:
+            return
+        self._held = False
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._transport._slots.release()
+
+
 class Http1Transport(httpx2.AsyncBaseTransport):
     """An httpx2 transport for HTTP/1.1 backends (see the module's docstring)."""
 
@@ -455,54 +577,47 @@ class Http1Transport(httpx2.AsyncBaseTransport):
             httpx2.TransportError: as `handle_async_request` (connect, read, write,
                 timeouts, a malformed answer).
         """
+        sent = await self.send(origin, message, connect_timeout=connect_timeout, write_timeout=write_timeout)
+        return await sent.response(read_timeout, bodiless=bodiless)
+
+    async def send(self, origin: Origin, message: bytes, *, connect_timeout: float, write_timeout: float) -> SentRequest:
+        """`open` in two steps: the request is sent now, and its answer read by the
+        `SentRequest`'s `response` (or the request let go with its `close`), so that
+        what the caller does in between overlaps the backend's work.
+
+        Raises:
+            httpx2.TransportError: it could not be connected or sent.
+        """
         slots = self._slots
         try:
             slots.acquire_nowait()  # no pass through the scheduler while there is room
         except trio.WouldBlock:
             await slots.acquire()
-        conn = None
+        sent = SentRequest(self, origin, message, connect_timeout, write_timeout)
         try:
-            while True:
-                conn = self._reuse(origin)
-                reused = conn is not None
-                if conn is None:
-                    conn = await self._connect(origin, connect_timeout)
-                try:
-                    await self._exchange(conn, message, read_timeout, write_timeout)
-                except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
-                    if not reused or conn.received:
-                        raise
-                    # A keep-alive connection the server had closed (llama.cpp closes
-                    # one when the next request arrives, without saying so before):
-                    # nothing was answered, so the request goes again on a new one.
-                    conn.close()
-                    conn = None
-                    continue
-                break
-            status = conn.parser.get_status_code()
-            conn.framed = any(name.lower() in _FRAMING for name, _ in conn.headers)
-            keep_alive = conn.keep_alive
-            if bodiless:  # no body follows, whatever the headers say
-                conn.complete, keep_alive = True, False  # (and the parser would wait for one: not reused)
-            body = _Body(self, conn, read_timeout, keep_alive=keep_alive)
+            await sent.send()
         except BaseException:
-            if conn is not None:
-                conn.close()
-            slots.release()
+            sent.close()
             raise
-        return Http1Response(status, conn.headers, body)
+        return sent
 
-    @staticmethod
-    async def _exchange(conn: _Connection, message: bytes, read_timeout: float, write_timeout: float) -> None:
-        """Send the request and read the response's head."""
-        conn.start_response()
-        await conn.send(message, write_timeout)
-        while not conn.headers_done:
-            data = await conn.receive(read_timeout)
-            if not data:
-                raise httpx2.RemoteProtocolError("the backend closed the connection without a response")
-            conn.received = True
-            conn.feed(data)
+    def send_now(self, origin: Origin, message: bytes, *, connect_timeout: float, write_timeout: float) -> SentRequest | None:
+        """`send` without waiting for anything: on an idle kept-alive plain-HTTP connection, with
+        a slot free, as much of `message` as the socket takes now (the rest goes when its
+        answer is read).  None when that cannot be done; the caller then sends with `open`.
+        (A connection that fails later is replaced when the answer is read, as `open` does;
+        `connect_timeout` bounds that.)"""
+        if origin[0] != "http" or not self._idle.get(origin):
+            return None
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            return None
+        conn = self._reuse(origin)
+        if conn is None:
+            self._slots.release()
+            return None
+        return SentRequest.now(self, origin, conn, message, connect_timeout, write_timeout)
 
     def _reuse(self, origin: Origin) -> _Connection | None:
         idle = self._idle.get(origin)

@@ -31,7 +31,7 @@ from ..errors import (
 )
 from ..redact import Redactor, public_url
 from ..streams.chunks import ChunkDecoder
-from .http1 import FixedRequest, Http1Response, Http1Transport
+from .http1 import FixedRequest, Http1Response, Http1Transport, SentRequest
 from .native import NativeRequest
 
 __all__ = [
@@ -425,18 +425,40 @@ class OpenAICompatibleBackend:
             response = await self._client.get(self._v1 + "/models", headers={**self._auth, **PROBE_HEADERS})
             await response.aclose()
 
+    def begin_chat(
+        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None
+    ) -> SentRequest | None:
+        """Send the chat request now, on a kept-alive connection, without waiting for anything
+        (see `ChatBackend`); None when it cannot be sent so.  Never raises: a connection that
+        fails shows when the answer is read."""
+        message = self._chat.message(orjson.dumps(self._outgoing(body)), headers)
+        if message is None:
+            return None
+        connect, _, write = self._chat.timeouts
+        return self._transport.send_now(self._chat.origin, message, connect_timeout=connect, write_timeout=write)
+
+    def _outgoing(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat request as this server is sent it."""
+        if body.get("model") in self._refuses_reasoning_content:
+            body = _without_reasoning_content(body)
+        return _without_signatures(body)
+
     @contextlib.asynccontextmanager
     async def open_chat_stream(
-        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None
+        self,
+        body: dict[str, Any],
+        *,
+        headers: Mapping[str, str] | None = None,
+        native: NativeRequest | None = None,
+        opening: SentRequest | None = None,
     ) -> AsyncIterator[ChatStream]:
-        """(`native`: a request in another API, which this adapter does not speak: the chat body goes.)"""
+        """(`native`: a request in another API, which this adapter does not speak: the chat body
+        goes.  `opening`: what `begin_chat` sent for this body: its answer is read.)"""
+        body = self._outgoing(body)
         model = body.get("model")
-        if model in self._refuses_reasoning_content:
-            body = _without_reasoning_content(body)
-        body = _without_signatures(body)
         with naming_errors(self.name, self.url):
             try:
-                response = await self._start_chat(body, headers)
+                response = await self._start_chat(body, headers, opening)
             except BackendStatusError as error:
                 stripped = _without_reasoning_content(body)
                 if stripped is body or not _refuses_reasoning_content(error):
@@ -457,24 +479,30 @@ class OpenAICompatibleBackend:
                 with trio.CancelScope(shield=True, deadline=trio.current_time() + 2):
                     await response.aclose()
 
-    async def _start_chat(self, body: dict[str, Any], headers: Mapping[str, str] | None) -> Http1Response | httpx2.Response:
-        """A chat request sent and its answer's head read: a success, its body still to read.
+    async def _start_chat(
+        self, body: dict[str, Any], headers: Mapping[str, str] | None, opening: SentRequest | None = None
+    ) -> Http1Response | httpx2.Response:
+        """A chat request sent (unless `opening` sent it already) and its answer's head read: a
+        success, its body still to read.
 
         Raises:
             BackendStatusError: the backend answered an error status (its body read and closed).
             BackendError: it could not be reached, or timed out.
         """
-        payload = orjson.dumps(body)
-        message = self._chat.message(payload, headers)
         response: Http1Response | httpx2.Response
         try:  # (a stale keep-alive connection is retried by the transport)
-            if message is None:  # headers that replace the fixed ones: built the general way
-                response = await self._transport.handle_async_request(self._chat_request(payload, headers))
+            connect, read, write = self._chat.timeouts
+            if opening is not None:
+                response = await opening.response(read)
             else:
-                connect, read, write = self._chat.timeouts
-                response = await self._transport.open(
-                    self._chat.origin, message, connect_timeout=connect, read_timeout=read, write_timeout=write
-                )
+                payload = orjson.dumps(body)
+                message = self._chat.message(payload, headers)
+                if message is None:  # headers that replace the fixed ones: built the general way
+                    response = await self._transport.handle_async_request(self._chat_request(payload, headers))
+                else:
+                    response = await self._transport.open(
+                        self._chat.origin, message, connect_timeout=connect, read_timeout=read, write_timeout=write
+                    )
         except httpx2.TransportError as exc:
             raise backend_error_from(exc) from exc
         if response.status_code < 400:

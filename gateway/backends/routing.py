@@ -147,9 +147,44 @@ class Router:
 
     # --- the chat interface ------------------------------------------------------------
 
+    def begin_chat(
+        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None
+    ) -> _Opening | None:
+        """The request begun on the backend `open_chat_stream` would try first (see
+        `ChatBackend`), when that one takes requests without queueing and can begin one."""
+        try:
+            target = self.targets(str(body.get("model") or ""))[0]
+        except NotFound:
+            return None  # (refused by `open_chat_stream`)
+        state = self.backends[target.backend]
+        begin = getattr(state.adapter, "begin_chat", None)
+        if begin is None or state.slots is not None or state.failures >= self.fallback.failures_to_open:
+            return None
+        sent = {**body, "model": target.model} if target.model else body
+        opening = begin(sent, headers=headers, native=native)
+        return _Opening(target, opening) if opening is not None else None
+
     @contextlib.asynccontextmanager
     async def open_chat_stream(
-        self, body: dict[str, Any], *, headers: Mapping[str, str] | None = None, native: NativeRequest | None = None
+        self,
+        body: dict[str, Any],
+        *,
+        headers: Mapping[str, str] | None = None,
+        native: NativeRequest | None = None,
+        opening: _Opening | None = None,
+    ) -> AsyncIterator[Any]:
+        """(`opening`: what `begin_chat` began for this body: its answer is read, if the
+        first backend tried is still the one it began on.)"""
+        try:
+            async with self._open_chat_stream(body, headers, native, opening) as stream:
+                yield stream
+        finally:
+            if opening is not None:
+                opening.close()
+
+    @contextlib.asynccontextmanager
+    async def _open_chat_stream(
+        self, body: dict[str, Any], headers: Mapping[str, str] | None, native: NativeRequest | None, opening: _Opening | None
     ) -> AsyncIterator[Any]:
         model = str(body.get("model") or "")
         targets = self.targets(model)
@@ -177,7 +212,13 @@ class Router:
                                 state.probing = False
                                 last_error = BackendUnavailable(f"backend {state.name} is busy")
                                 continue
-                        stream = await stack.enter_async_context(state.adapter.open_chat_stream(sent, headers=headers, native=native))
+                        begun = opening.take(target) if opening is not None else None
+                        opening = None  # (for the first backend tried only)
+                        if begun is not None:
+                            opened = state.adapter.open_chat_stream(sent, headers=headers, native=native, opening=begun)
+                        else:
+                            opened = state.adapter.open_chat_stream(sent, headers=headers, native=native)
+                        stream = await stack.enter_async_context(opened)
                         first = await _first_batch(stream)
                         if first and all(_is_error(chunk) for chunk in first):
                             said = first[0]["error"].get("message") if isinstance(first[0]["error"], dict) else None
@@ -278,6 +319,28 @@ class Router:
             for entry in await backend_models(state.adapter):
                 models.setdefault(str(entry["id"]), {**entry, "owned_by": entry.get("owned_by") or state.name})
         return list(models.values())
+
+
+class _Opening:
+    """A request `begin_chat` began on one route target's backend, until a round takes it."""
+
+    __slots__ = ("target", "_begun")
+
+    def __init__(self, target: RouteTarget, begun: Any) -> None:
+        self.target = target
+        self._begun = begun
+
+    def take(self, target: RouteTarget) -> Any:
+        """The begun request, for the first backend tried when it is the one it began on."""
+        if target != self.target:
+            return None
+        begun, self._begun = self._begun, None
+        return begun
+
+    def close(self) -> None:
+        if self._begun is not None:
+            self._begun.close()
+            self._begun = None
 
 
 class _Replayed:

@@ -322,6 +322,13 @@ class TurnEventStream(TurnStream):
     def __init__(self, turn: Turn, *, heartbeats: Heartbeats) -> None:
         super().__init__(turn, heartbeats=heartbeats)
 
+    async def serve(self, write: Write, watch: Watch | None = None) -> None:
+        self.turn.begin()  # the backend starts on the request while the stream sets up
+        try:
+            await super().serve(write, watch)
+        finally:
+            self.turn.abandon()  # (a begun request the turn never took: it did not run)
+
     async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
         async def emit(events: list[dict[str, Any]]) -> None:
             await send_soon(out, b"".join([encode_event(event) for event in events]))

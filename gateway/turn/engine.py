@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import orjson
 import trio
 
-from ..backends import BACKEND_WAIT, ChatBackend, NativeRequest, WaitClock, WaitCounter, counting_waits
+from ..backends import BACKEND_WAIT, ChatBackend, ChatOpening, NativeRequest, WaitClock, WaitCounter, counting_waits
 from ..config import Settings
 from ..drain import Drain
 from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot, token_reservation
@@ -164,6 +164,7 @@ async def run_rounds(
     telemetry: Telemetry | None = None,
     admit_round: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     outcome: TurnOutcome | None = None,
+    opening: ChatOpening | None = None,
 ) -> GatewayError | None:
     """Drive `session` through backend rounds and the gateway's tool calls until it is done.
 
@@ -174,7 +175,8 @@ async def run_rounds(
     `admit_round` is asked before every round after the first (a tool
     loop's next backend call) and may refuse it with a `GatewayError`,
     which ends the session the same way.  `outcome` hears which backend
-    answered each round.
+    answered each round.  `opening`: the first round's request, begun by
+    the backend already (`ChatBackend`).
     """
     telemetry = telemetry or _NO_TELEMETRY
     # What the backend calls and the tool calls keep the turn waiting goes to its outcome.
@@ -191,7 +193,8 @@ async def run_rounds(
                     return error
             first = False
             with telemetry.span("backend round", round=getattr(session, "rounds", 0)):
-                failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome) or failure
+                failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome, opening) or failure
+                opening = None
             if session.calls:
 
                 async def report(call: RoundCall, outcome: ToolOutcome) -> None:
@@ -219,9 +222,15 @@ async def _run_round(
     on_answer: Callable[[GatewayError | None], None] | None,
     telemetry: Telemetry,
     outcome: TurnOutcome | None,
+    opening: ChatOpening | None = None,
 ) -> GatewayError | None:
+    headers = telemetry.trace_headers()
+    if opening is None:
+        opened = backend.open_chat_stream(session.request, headers=headers, native=session.native)
+    else:  # (only a backend that began it takes `opening`)
+        opened = backend.open_chat_stream(session.request, headers=headers, native=session.native, opening=opening)  # type: ignore[call-arg]
     try:
-        async with backend.open_chat_stream(session.request, headers=telemetry.trace_headers(), native=session.native) as stream:
+        async with opened as stream:
             if outcome is not None:
                 outcome.backend = getattr(stream, "backend", None)
             if on_answer is not None:
@@ -448,10 +457,32 @@ class Turn:
         self.failure: GatewayError | None = None  # what failed the response, when a gateway error did
         self._hosted = hosted
         self._gateway_tools = gateway_tools
+        self._offered: RequestTools | None = None  # the configured tools, when `begin` offered them
+        self._opening: ChatOpening | None = None  # the first round's request, when `begin` began it
 
     @property
     def response(self) -> dict[str, Any]:
         return self.translator.response
+
+    def begin(self) -> None:
+        """Have the backend start on the first round's request now, when nothing the turn does
+        before that round can change it: no hosted MCP servers to list, no approved calls to
+        run first, no trace context to carry (a traced request's call carries its round's
+        span, which opens with the round).  What the transport sets up meanwhile overlaps the
+        backend's work; the first round takes the request up, or `abandon` lets it go."""
+        if self._opening is not None or self._offered is not None or self._hosted or self._approval_answers():
+            return
+        begin_chat = getattr(self.resources.backend, "begin_chat", None)
+        if begin_chat is None or self.resources.telemetry.trace_headers():
+            return
+        self._offered = self._offer_configured(RequestTools())
+        self._opening = begin_chat(self.session.request, native=self.session.native)
+
+    def abandon(self) -> None:
+        """Let go of a request `begin` began that no round took (nothing otherwise)."""
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            opening.close()
 
     @property
     def store(self) -> bool:
@@ -511,6 +542,7 @@ class Turn:
                         await self._run(emit, hold_terminal, held, persist)
                         nursery.cancel_scope.cancel()
         finally:
+            self.abandon()  # (a request begun early that no round took)
             self._finish_outcome()
             with trio.CancelScope(shield=True):
                 if self._lock is not None:
@@ -550,6 +582,7 @@ class Turn:
                         telemetry=self.resources.telemetry,
                         admit_round=self._admit_round,
                         outcome=self.outcome,
+                        opening=self._opening,
                     )
                     self._note_failure(failure)
             if stop.cancelled_caught and not session.done:
@@ -662,9 +695,11 @@ class Turn:
     async def offer_tools(self, stack: contextlib.AsyncExitStack, emit: Emit) -> RequestTools:
         """The gateway's tools for this response: hosted servers first, then configured ones."""
         resources = self.resources
-        plan = self.plan
-        tools = RequestTools()
         events = self.session.start()
+        if self._offered is not None:  # (`begin` offered them, with no hosted servers to list)
+            await emit(events)
+            return self._offered
+        tools = RequestTools()
         if self._hosted:
             listings = await open_hosted(
                 stack,
@@ -678,17 +713,28 @@ class Turn:
                 events += self.translator.list_tools(
                     listing.spec.server_label, [listed_tool(t) for t in listing.tools], listing.error
                 )
+        self._offer_configured(tools)
+        await emit(events)
+        return tools
+
+    def _offer_configured(self, tools: RequestTools) -> RequestTools:
+        """The configured MCP servers' tools added to `tools` (after any hosted ones) and to the
+        chat request, when the request lets the gateway offer its tools."""
+        plan = self.plan
         offered = offers_gateway_tools(self.req.tool_choice)
         if self._gateway_tools and offered:
             taken = {t["function"]["name"] for t in plan.body.get("tools", ())}
-            offer_configured(tools, resources.mcp, taken=taken, limits=self.caller.limits)
+            offer_configured(tools, self.resources.mcp, taken=taken, limits=self.caller.limits)
         if tools.routes and offered:
             plan.body.setdefault("tools", []).extend(tools.chat_tools)
             self.translator.set_gateway_tools(tools.routes, tools.approval)
             if self.req.tool_choice == "required":  # the gateway's tools are the ones to choose from
                 plan.body.setdefault("tool_choice", "required")
-        await emit(events)
         return tools
+
+    def _approval_answers(self) -> list[Any]:
+        """The input's `mcp_approval_response` items (calls to run, or decline, before the first round)."""
+        return [item for item in self.prepared.input if getattr(item, "type", None) == "mcp_approval_response"]
 
     async def _resume_approvals(self, tools: RequestTools, emit: Emit) -> None:
         """Run (or decline) the calls the client answered with `mcp_approval_response` items.
@@ -696,7 +742,7 @@ class Turn:
         Raises:
             InvalidRequest: a response names no approval request in the conversation.
         """
-        answers = [item for item in self.prepared.input if getattr(item, "type", None) == "mcp_approval_response"]
+        answers = self._approval_answers()
         if not answers:
             return
         # An approval request counts only if it carries the gateway's seal over
