@@ -274,6 +274,9 @@ class TurnStream(EventChannelBody):
     then (`turn.rejection`) is answered with its status, as JSON in that
     API's shape, instead of a stream (what the turn produced is not sent).
     Without one (chat completions), the stream is committed at once.
+
+    The turn's first backend request is begun before the stream sets up
+    (`begin`): the backend works on it meanwhile.
     """
 
     dialect: Dialect | None = None
@@ -283,6 +286,13 @@ class TurnStream(EventChannelBody):
         self.turn = turn
         self._request_id = request_id
         self._json_error: bytes | None = None
+
+    async def serve(self, write: Write, watch: Watch | None = None) -> None:
+        self.turn.begin()  # the backend starts on the request while the stream sets up
+        try:
+            await super().serve(write, watch)
+        finally:
+            self.turn.abandon()  # (a begun request the turn never took: it did not run)
 
     async def head(self) -> tuple[int, dict[str, str]]:
         if self.dialect is None:
@@ -321,13 +331,6 @@ class TurnEventStream(TurnStream):
 
     def __init__(self, turn: Turn, *, heartbeats: Heartbeats) -> None:
         super().__init__(turn, heartbeats=heartbeats)
-
-    async def serve(self, write: Write, watch: Watch | None = None) -> None:
-        self.turn.begin()  # the backend starts on the request while the stream sets up
-        try:
-            await super().serve(write, watch)
-        finally:
-            self.turn.abandon()  # (a begun request the turn never took: it did not run)
 
     async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
         async def emit(events: list[dict[str, Any]]) -> None:

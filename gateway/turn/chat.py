@@ -28,7 +28,8 @@ from ..intake import RequestContext
 from ..keys import Caller, StreamSlot, token_reservation
 from ..observe.outcome import TurnOutcome
 from ..streams.chat_session import ChatSession
-from .engine import Emit, Resources, Session, failed_with, report_outcome, run_rounds
+from ..backends import ChatOpening
+from .engine import Emit, Resources, Session, begin_round, failed_with, report_outcome, run_rounds
 from .tools import RequestTools, offer_configured, offers_gateway_tools
 
 __all__ = ["Admitted", "ChatShaped", "ChatTurn", "admit_chat", "prepare_chat"]
@@ -140,6 +141,19 @@ class ChatTurn:
         # then a transport may still answer with an HTTP error rather than a stream.
         self.answered = trio.Event()
         self.rejection: GatewayError | None = None
+        self._opening: ChatOpening | None = None  # the first round's request, when `begin` began it
+
+    def begin(self) -> None:
+        """Have the backend start on the first round's request now (as `Turn.begin`: its tools
+        were offered when it was admitted); the first round takes it up, or `abandon` lets it go."""
+        if self._opening is None:
+            self._opening = begin_round(self.resources, self.session)
+
+    def abandon(self) -> None:
+        """Let go of a request `begin` began that no round took (nothing otherwise)."""
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            opening.close()
 
     async def run(self, emit: Emit) -> None:
         """Produce the turn, each batch of the session's output to `emit`; the last is its end (a
@@ -173,6 +187,7 @@ class ChatTurn:
                         admit_round=self._admit_round,
                         outcome=outcome,
                         on_answer=self._on_answer,
+                        opening=self._opening,
                     )
                 if stop.cancelled_caught and not session.done:
                     self.failure = ShuttingDown.stopped()
@@ -188,6 +203,7 @@ class ChatTurn:
                 self.failure = InternalError("The gateway failed to process the request.")
                 await timed(failed_with(session, self.failure))
             finally:
+                self.abandon()  # (a request begun early that no round took)
                 if not self.answered.is_set():
                     self._answered(False)
                 with trio.CancelScope(shield=True):

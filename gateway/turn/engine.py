@@ -147,6 +147,17 @@ class Session(Protocol):
     def tools_done(self) -> list[Any]: ...
 
 
+def begin_round(resources: Resources, session: Session) -> ChatOpening | None:
+    """The session's next round's request, begun by the backend now (see `ChatBackend`), unless
+    it cannot begin one or a trace context must go with it (its round's span, which opens
+    with the round)."""
+    begin_chat = getattr(resources.backend, "begin_chat", None)
+    if begin_chat is None or resources.telemetry.trace_headers():
+        return None
+    opening: ChatOpening | None = begin_chat(session.request, native=session.native)
+    return opening
+
+
 def failed_with(session: Session, error: GatewayError) -> list[Any]:
     """The session's terminal failure for `error` (its code, message, type, param and status)."""
     return session.fail(error.code or "server_error", error.message, type=error.type, param=error.param, status=error.status)
@@ -472,11 +483,8 @@ class Turn:
         backend's work; the first round takes the request up, or `abandon` lets it go."""
         if self._opening is not None or self._offered is not None or self._hosted or self._approval_answers():
             return
-        begin_chat = getattr(self.resources.backend, "begin_chat", None)
-        if begin_chat is None or self.resources.telemetry.trace_headers():
-            return
         self._offered = self._offer_configured(RequestTools())
-        self._opening = begin_chat(self.session.request, native=self.session.native)
+        self._opening = begin_round(self.resources, self.session)
 
     def abandon(self) -> None:
         """Let go of a request `begin` began that no round took (nothing otherwise)."""
