@@ -20,6 +20,7 @@ from scripted_backend import ScriptedBackend, serve_backend  # noqa: E402
 
 import gateway  # noqa: E402
 from gateway import Settings, create_app  # noqa: E402
+from gateway.backends.http1 import Http1Transport  # noqa: E402
 
 
 class SequentialIds:
@@ -66,6 +67,23 @@ def start_gateway(nursery: trio.Nursery, backend: ScriptedBackend) -> Callable[.
 @pytest.fixture
 async def gateway_url(start_gateway: Callable[..., Any]) -> str:
     return await start_gateway()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def begun(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each turn's first backend request was begun before its round
+    (`Http1Transport.send_now`), in order.  The first is made not to be, as when no kept-alive
+    connection is free: its round sends it, for a test to compare the others with."""
+    seen: list[bool] = []
+    send_now = Http1Transport.send_now
+
+    def watched(self: Http1Transport, *args: Any, **kwargs: Any) -> Any:
+        sent = send_now(self, *args, **kwargs) if seen else None
+        seen.append(sent is not None)
+        return sent
+
+    monkeypatch.setattr(Http1Transport, "send_now", watched)
+    return seen
 
 
 @pytest.fixture

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx2
 import orjson
 import trio
 
-from gateway.backends.http1 import Http1Transport
 
 from test_tool_loop import tools_gateway  # noqa: F401  (fixture)
 
@@ -101,26 +98,18 @@ async def test_bad_chat_requests_get_openai_errors(tools_gateway, client):  # no
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
 
 
-async def test_a_streamed_chat_turn_is_begun_before_its_stream_sets_up_and_sends_what_its_round_would(
-    tools_gateway, client, backend, monkeypatch  # noqa: F811
-):
-    begun: list[bool] = []
-    send_now = Http1Transport.send_now
-
-    def watched(self: Http1Transport, *args: Any, **kwargs: Any) -> Any:
-        sent = send_now(self, *args, **kwargs)
-        begun.append(sent is not None)
-        return sent
-
-    monkeypatch.setattr(Http1Transport, "send_now", watched)
+async def test_a_chat_turn_begun_before_it_runs_sends_what_its_round_would(tools_gateway, client, backend, begun):  # noqa: F811
     tools, start = tools_gateway
     url = await start()
     body = {"model": "mcp-add", "messages": [{"role": "user", "content": "2+3"}]}
-    plain = (await client.post(url + "/v1/chat/completions", json=body)).json()  # (JSON: sent by its round)
-    assert begun == [] and plain["choices"][0]["message"]["content"].endswith("Tool result: 5")
-    r = await client.post(url + "/v1/chat/completions", json={**body, "stream": True})
-    assert begun == [True]
-    text = "".join((c["choices"][0]["delta"].get("content") or "") for c in chunks(r.content) if c.get("choices"))
-    assert text.endswith("Tool result: 5") and r.content.endswith(b"data: [DONE]\n\n")
-    sent_by_round, _, sent_early, _ = backend.chat_requests
-    assert sent_early == sent_by_round and "add" in [t["function"]["name"] for t in sent_early["tools"]]
+    for extra in ({"stream": True}, {"stream": True}, {}):
+        r = await client.post(url + "/v1/chat/completions", json={**body, **extra})
+        if extra:
+            text = "".join((c["choices"][0]["delta"].get("content") or "") for c in chunks(r.content) if c.get("choices"))
+            assert text.endswith("Tool result: 5") and r.content.endswith(b"data: [DONE]\n\n")
+        else:
+            assert r.json()["choices"][0]["message"]["content"].endswith("Tool result: 5")
+    assert begun == [False, True, True]  # streamed (sent by its round), streamed, JSON
+    firsts = backend.chat_requests[::2]
+    assert len(firsts) == 3 and all(first == firsts[0] for first in firsts)
+    assert "add" in [t["function"]["name"] for t in firsts[0]["tools"]]

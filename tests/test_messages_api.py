@@ -24,7 +24,6 @@ import gateway
 from anthropic_events import check_stream, sse_events
 from anthropic_server import AnthropicServer, serve_anthropic
 from conftest import SequentialIds, make_settings
-from gateway.backends.http1 import Http1Transport
 from scripted_backend import USAGE, prompt_tokens
 from test_keys import ALICE, CAROL, key
 from test_metrics import samples_of, value
@@ -83,29 +82,19 @@ async def test_a_streamed_message_keeps_anthropics_grammar_and_adds_up_to_the_fi
     assert events[0]["type"] == "message_start" and events[0]["message"]["model"] == "reasoning"
 
 
-async def test_a_streamed_message_is_begun_before_its_stream_sets_up_and_sends_what_its_round_would(
-    gateway_url, client, backend, monkeypatch
-):
-    begun: list[bool] = []
-    send_now = Http1Transport.send_now
-
-    def watched(self: Http1Transport, *args: Any, **kwargs: Any) -> Any:
-        sent = send_now(self, *args, **kwargs)
-        begun.append(sent is not None)
-        return sent
-
-    monkeypatch.setattr(Http1Transport, "send_now", watched)
+async def test_a_message_begun_before_it_runs_sends_what_its_round_would(gateway_url, client, backend, begun):
     body = {"model": "reasoning", "max_tokens": 64, "messages": HI}
-    plain = (await client.post(gateway_url + "/v1/messages", json=body)).json()  # (JSON: sent by its round)
-    assert begun == [] and plain["content"][-1]["text"] == "The answer is 4."
-    r = await raw_stream(client, gateway_url, body)
-    assert begun == [True]
-    events = sse_events(r.content)
-    assert check_stream(events) == "message_stop"
-    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
-    assert text == "The answer is 4."
-    sent_by_round, sent_early = backend.chat_requests
-    assert sent_early == sent_by_round
+    for streamed in (True, True, False):
+        if streamed:
+            events = sse_events((await raw_stream(client, gateway_url, body)).content)
+            assert check_stream(events) == "message_stop"
+            assert "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta") == "The answer is 4."
+        else:
+            r = await client.post(gateway_url + "/v1/messages", json=body)
+            assert r.json()["content"][-1]["text"] == "The answer is 4."
+    assert begun == [False, True, True]  # streamed (sent by its round), streamed, JSON
+    first, *others = backend.chat_requests
+    assert len(others) == 2 and all(other == first for other in others)
 
 
 @pytest.mark.parametrize("streamed", [False, True])

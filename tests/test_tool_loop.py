@@ -15,7 +15,6 @@ import trio
 
 import gateway
 from conftest import SequentialIds, make_settings, parse_sse
-from gateway.backends.http1 import Http1Transport
 from spec import validate_event
 
 
@@ -203,33 +202,33 @@ async def test_a_streamed_request_opts_out_by_header_too(tools_gateway, client, 
     assert "tools" not in backend.chat_requests[-1]
 
 
-async def test_a_streamed_turn_begun_before_its_stream_sets_up_sends_the_same_request_and_runs_the_loop(
-    tools_gateway, client, backend, monkeypatch
+async def test_a_turn_begun_before_it_runs_sends_the_request_its_round_would_and_runs_the_loop(
+    tools_gateway, client, backend, begun
 ):
-    # On a kept-alive backend connection a streamed turn's first request is sent before its
-    # stream sets up (`Turn.begin`): the same request a round sends, the gateway's tools in it.
-    begun: list[bool] = []
-    send_now = Http1Transport.send_now
-
-    def watched(self: Http1Transport, *args: Any, **kwargs: Any) -> Any:
-        sent = send_now(self, *args, **kwargs)
-        begun.append(sent is not None)
-        return sent
-
-    monkeypatch.setattr(Http1Transport, "send_now", watched)
+    # On a kept-alive backend connection a turn's first request is sent before anything else
+    # (`Turn.begin`; a stream begins it before it sets up): the same request its round would
+    # send, the gateway's tools in it, whatever the transport.
     tools, start = tools_gateway
     url = await start()
     ask = {"model": "mcp-add", "input": "2+3?"}
-    final = (await client.post(url + "/v1/responses", json=ask)).json()  # (JSON: sent by its round)
-    assert begun == []
-    r = await client.post(url + "/v1/responses", json={**ask, "stream": True})
-    assert begun == [True]  # (the connection the JSON answer came on was kept alive)
-    frames = parse_sse(r.content)
-    assert [e["sequence_number"] for e in frames[:-1]] == list(range(len(frames) - 1))
-    streamed = frames[-2]["response"]
-    for answer in (final, streamed):
+    answers = []
+    for extra in ({"stream": True}, {"stream": True}, {}, {"background": True}):
+        r = await client.post(url + "/v1/responses", json={**ask, **extra})
+        if extra.get("stream"):
+            frames = parse_sse(r.content)
+            assert [e["sequence_number"] for e in frames[:-1]] == list(range(len(frames) - 1))
+            answers.append(frames[-2]["response"])
+        elif extra.get("background"):
+            response_id = r.json()["id"]
+            frames = parse_sse((await client.get(f"{url}/v1/responses/{response_id}", params={"stream": "true"})).content)
+            answers.append(frames[-2]["response"])
+        else:
+            answers.append(r.json())
+    assert begun == [False, True, True, True]  # streamed, streamed, JSON, background
+    for answer in answers:
         assert [item["type"] for item in answer["output"]] == ["message", "mcp_call", "message"]
         assert answer["output"][2]["content"][0]["text"] == "Tool result: 5"
-    sent_by_round, _, sent_early, _ = backend.chat_requests
-    assert sent_early == sent_by_round and "add" in [t["function"]["name"] for t in sent_early["tools"]]
-    assert tools.calls == [("add", {"a": 2, "b": 3})] * 2
+    firsts = backend.chat_requests[::2]
+    assert len(firsts) == 4 and all(first == firsts[0] for first in firsts)
+    assert "add" in [t["function"]["name"] for t in firsts[0]["tools"]]
+    assert tools.calls == [("add", {"a": 2, "b": 3})] * 4

@@ -52,6 +52,18 @@ async def test_turns_on_one_socket_get_the_same_events_as_sse_in_order(gateway_u
     assert first[-1]["response"]["output"][0]["content"][0]["text"] == "Hello, world!"
 
 
+async def test_a_turn_on_a_socket_is_begun_before_it_runs_and_sends_what_its_round_would(gateway_url, backend, begun):
+    # Its first backend request goes before the turn's first events are written to the socket.
+    async with aconnect_ws(ws_url(gateway_url)) as ws:
+        turns = [await turn(ws, model="text", input="hi") for _ in range(2)]
+    assert begun == [False, True]
+    for events in turns:
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["response"]["output"][0]["content"][0]["text"] == "Hello, world!"
+    first, second = backend.chat_requests
+    assert second == first
+
+
 async def test_store_false_continuations_use_the_connection_cache(gateway_url, backend, client):
     async with aconnect_ws(ws_url(gateway_url)) as ws:
         first = await turn(ws, model="text", input="one", store=False)

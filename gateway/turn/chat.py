@@ -142,11 +142,14 @@ class ChatTurn:
         self.answered = trio.Event()
         self.rejection: GatewayError | None = None
         self._opening: ChatOpening | None = None  # the first round's request, when `begin` began it
+        self._begun = False
 
     def begin(self) -> None:
-        """Have the backend start on the first round's request now (as `Turn.begin`: its tools
-        were offered when it was admitted); the first round takes it up, or `abandon` lets it go."""
-        if self._opening is None:
+        """Have the backend start on the first round's request now (as `Turn.begin`, once: its
+        tools were offered when it was admitted); the first round takes it up, or `abandon`
+        lets it go."""
+        if not self._begun:
+            self._begun = True
             self._opening = begin_round(self.resources, self.session)
 
     def abandon(self) -> None:
@@ -174,6 +177,7 @@ class ChatTurn:
 
         with resources.telemetry.span("turn", model=outcome.model, transport=outcome.transport):
             try:
+                self.begin()  # (unless its transport did, before setting up)
                 await timed(session.start())
                 with resources.drain.stoppable() as stop:  # a drain out of time ends the turn here
                     self.failure = await run_rounds(

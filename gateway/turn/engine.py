@@ -541,6 +541,7 @@ class Turn:
         telemetry = self.resources.telemetry
         telemetry.turn_started(self.outcome)
         try:
+            self.begin()  # (unless its transport did, before setting up)
             with telemetry.span("turn", model=self.outcome.model, transport=self.outcome.transport):
                 if self._lock is None:
                     await self._run(emit, hold_terminal, held, persist)
