@@ -160,7 +160,7 @@ class Router:
         begin = getattr(state.adapter, "begin_chat", None)
         if begin is None or state.slots is not None or state.failures >= self.fallback.failures_to_open:
             return None
-        sent = {**body, "model": target.model} if target.model else body
+        sent = _for_target(body, target)
         opening = begin(sent, headers=headers, native=native)
         return _Opening(target, opening) if opening is not None else None
 
@@ -202,7 +202,7 @@ class Router:
                 attempts += 1
                 if state.failures >= self.fallback.failures_to_open:
                     state.probing = True
-                sent = {**body, "model": target.model} if target.model else body
+                sent = _for_target(body, target)
                 async with contextlib.AsyncExitStack() as stack:
                     try:
                         if state.slots is not None:
@@ -264,7 +264,7 @@ class Router:
             if counter is None:
                 raise BackendError(f"The backend '{state.name}' cannot count tokens.", code=COUNT_UNAVAILABLE)
             try:
-                sent = {**body, "model": target.model} if target.model else body
+                sent = _for_target(body, target)
                 return int(await counter(sent, headers=headers, native=native))
             except BackendStatusError as error:
                 if 400 <= error.backend_status < 500 and error.backend_status != 429:
@@ -398,6 +398,11 @@ async def backend_models(adapter: Any) -> list[dict[str, Any]]:
     except (GatewayError, orjson.JSONDecodeError, AttributeError):
         return []
     return []
+
+
+def _for_target(body: dict[str, Any], target: RouteTarget) -> dict[str, Any]:
+    """A chat request as `target`'s backend is sent it: under the name it knows the model by."""
+    return {**body, "model": target.model} if target.model else body
 
 
 def _with_model(body: bytes, model: str) -> bytes:
