@@ -369,10 +369,12 @@ class ScriptedBackend:
             head = [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")]
             await send({"type": "http.response.start", "status": 200, "headers": head})
             await send({"type": "http.response.body", "body": packed, "more_body": False})
-        elif path == "/v1/stream-numbers":
+        elif path == "/v1/stream-numbers":  # ?count=N&pad=P: N events, each padded with P dots, sent at once
+            asked = {k: int(v) for k, v in (p.split("=", 1) for p in scope["query_string"].decode().split("&") if "=" in p)}
+            pad = "." * asked.get("pad", 0)
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
-            for n in range(20):
-                await send({"type": "http.response.body", "body": f"data: {n}\n\n".encode(), "more_body": True})
+            for n in range(asked.get("count", 20)):
+                await send({"type": "http.response.body", "body": f"data: {n}{pad}\n\n".encode(), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         elif not path.startswith("/v1/"):  # the backend's root: what a passthrough must never reach
             await _json(send, 200, {"escaped": True, "path": path, "headers": headers})

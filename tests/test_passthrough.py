@@ -44,6 +44,81 @@ async def test_streamed_backend_bodies_are_streamed_through(gateway_url, client)
     assert body == b"".join(f"data: {n}\n\n".encode() for n in range(20))
 
 
+async def test_a_long_burst_of_events_read_in_large_pieces_is_relayed_whole_and_in_order(gateway_url, client):
+    # 3,000 events of ~100 bytes sent at once: the relay reads them in pieces of several
+    # kilobytes, and waits a moment after each (`GATHER`); nothing is lost or reordered.
+    pad = "." * 90
+    with trio.fail_after(30):
+        async with client.stream("GET", gateway_url + "/v1/stream-numbers?count=3000&pad=90") as r:
+            body = b"".join([part async for part in r.aiter_bytes()])
+    assert body == b"".join(f"data: {n}{pad}\n\n".encode() for n in range(3000))
+
+
+async def test_a_relayed_event_stream_that_is_ahead_is_read_again_a_moment_later_and_one_read_as_written_at_once(
+    autojump_clock,
+):
+    from gateway.transport.passthrough import GATHER, GATHER_AFTER, PassthroughBody
+
+    small, large = b"data: 1\n\n", b"data: " + b"x" * GATHER_AFTER + b"\n\n"
+    asked: list[float] = []  # when each read was asked for (the test's clock)
+
+    class Upstream:
+        status, data_timeout = 200, None
+
+        def __init__(self, content_type: str, parts: list[bytes]) -> None:
+            self.headers, self.parts = {"content-type": content_type}, list(parts)
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self) -> bytes:
+            asked.append(trio.current_time())
+            if not self.parts:
+                raise StopAsyncIteration
+            return self.parts.pop(0)
+
+    class Backend:
+        def __init__(self, upstream: Upstream) -> None:
+            self.upstream = upstream
+
+        def open_passthrough(self, *request):
+            upstream = self.upstream
+
+            class Opened:
+                async def __aenter__(self):
+                    return upstream
+
+                async def __aexit__(self, *exc):
+                    pass
+
+            return Opened()
+
+    class Relay:
+        method, path, query, headers, body, outcome = "POST", "chat/completions", b"", {}, b"{}", None
+
+        async def finish(self, **ended):
+            self.ended = ended
+
+    async def relayed(content_type: str, parts: list[bytes]) -> list[bytes]:
+        asked.clear()
+        got = []
+        async with PassthroughBody(Backend(Upstream(content_type, parts)), Relay(), heartbeats=None) as body:  # type: ignore[arg-type]
+            async for data in body:
+                got.append(data)
+        return got
+
+    parts = [small, large, small, small, large, large, small]
+    with trio.fail_after(5):
+        assert await relayed("text/event-stream", parts) == parts
+    gaps = [round(later - earlier, 9) for earlier, later in zip(asked, asked[1:])]
+    # The read after each large piece waits GATHER; after a small one, nothing.
+    assert gaps == [0, GATHER, 0, 0, GATHER, GATHER, 0]
+    # A body that is not an event stream (an embedding, a JSON answer) is read as fast as it comes.
+    with trio.fail_after(5):
+        assert await relayed("application/json", [large, large, small]) == [large, large, small]
+    assert [round(later - earlier, 9) for earlier, later in zip(asked, asked[1:])] == [0, 0, 0]
+
+
 async def test_unreachable_backend_gives_502_on_passthrough(start_gateway, client):
     url = await start_gateway(openai_base_url_internal="http://127.0.0.1:9")
     r = await client.get(url + "/v1/models")

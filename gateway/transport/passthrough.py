@@ -11,6 +11,13 @@ the last whole event.  A drain that runs out of time stops it the same way
 (`server_shutting_down`); before the backend answered, the client gets a
 503.  Decides nothing about the protocol.
 
+A backend that is ahead (an event stream whose read took at least
+`GATHER_AFTER` bytes: several events were waiting) is read again only
+`GATHER` later, so that what it sends meanwhile goes out in the same write:
+at c=50 on a bursting backend this halves the relay's reads and writes per
+answer, and its client's.  A stream read as it is written (a model's tokens,
+one event per read) is never held; the first event never waits.
+
 The reads keep no timer: a cancel scope per read cost more than the rest
 of a relayed read's work.  The process's ticker (`Heartbeats`) looks at
 the data deadline instead, at most a sixteenth of the heartbeat interval
@@ -36,9 +43,13 @@ from ..turn.relay import Relay
 from .heartbeats import Heartbeats, Ticket
 from .sse import DeferredHeadBody
 
-__all__ = ["PassthroughBody"]
+__all__ = ["GATHER", "GATHER_AFTER", "PassthroughBody"]
 
 log = logging.getLogger("gateway")
+
+# An event stream read in a piece this large is ahead of its client: the next read waits this long.
+GATHER_AFTER = 2048  # bytes
+GATHER = 0.0002  # seconds
 
 
 class PassthroughBody(DeferredHeadBody):
@@ -67,6 +78,7 @@ class PassthroughBody(DeferredHeadBody):
         self._data_timeout: float | None = None
         self._data_at = 0.0  # when data last came
         self._counting: Any = None  # while the body is read, the task's backend waits count to its outcome
+        self._gather_until = 0.0  # the next read waits until then (the backend is ahead)
 
     async def __aenter__(self) -> PassthroughBody:
         if self._drain is not None:
@@ -160,6 +172,9 @@ class PassthroughBody(DeferredHeadBody):
         if self._chunks is None:
             raise StopAsyncIteration
         if not (self._stopped or self._timed_out):
+            if self._gather_until:
+                await trio.sleep_until(self._gather_until)
+                self._gather_until = 0.0
             try:
                 data = await self._chunks.__anext__()
             except StopAsyncIteration:
@@ -178,6 +193,8 @@ class PassthroughBody(DeferredHeadBody):
                         self._relay.outcome.note_events(now, True)
                 if self._events:
                     self._ending = b"" if data.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
+                    if len(data) >= GATHER_AFTER:
+                        self._gather_until = trio.current_time() + GATHER
                 return data
         ending: GatewayError
         if self._stopped:
