@@ -76,7 +76,7 @@ class ResponsesRoute:
                 await intake.discard_body(receive)
             await render.send_error(send, error, where=where)
             return
-        await asgi_transport.stream(answer, receive, send)
+        await asgi_transport.stream(answer, receive, send, self._shared.watches)
 
 
 class SocketRoute:

@@ -57,6 +57,7 @@ async def test_a_long_burst_of_events_read_in_large_pieces_is_relayed_whole_and_
 async def test_a_relayed_event_stream_that_is_ahead_is_read_again_a_moment_later_and_one_read_as_written_at_once(
     autojump_clock,
 ):
+    from gateway.observe.outcome import TurnOutcome
     from gateway.transport.passthrough import GATHER, GATHER_AFTER, PassthroughBody
 
     small, large = b"data: 1\n\n", b"data: " + b"x" * GATHER_AFTER + b"\n\n"
@@ -94,15 +95,21 @@ async def test_a_relayed_event_stream_that_is_ahead_is_read_again_a_moment_later
             return Opened()
 
     class Relay:
-        method, path, query, headers, body, outcome = "POST", "chat/completions", b"", {}, b"{}", None
+        method, path, query, headers, body = "POST", "chat/completions", b"", {}, b"{}"
+
+        def __init__(self) -> None:
+            self.outcome = TurnOutcome("chatcmpl_1", "m", "chatcmpl", trio.current_time())
 
         async def finish(self, **ended):
             self.ended = ended
 
+    relay = Relay()
+
     async def relayed(content_type: str, parts: list[bytes]) -> list[bytes]:
         asked.clear()
+        relay.outcome.waited = 0.0
         got = []
-        async with PassthroughBody(Backend(Upstream(content_type, parts)), Relay(), heartbeats=None) as body:  # type: ignore[arg-type]
+        async with PassthroughBody(Backend(Upstream(content_type, parts)), relay, heartbeats=None) as body:  # type: ignore[arg-type]
             async for data in body:
                 got.append(data)
         return got
@@ -113,6 +120,8 @@ async def test_a_relayed_event_stream_that_is_ahead_is_read_again_a_moment_later
     gaps = [round(later - earlier, 9) for earlier, later in zip(asked, asked[1:])]
     # The read after each large piece waits GATHER; after a small one, nothing.
     assert gaps == [0, GATHER, 0, 0, GATHER, GATHER, 0]
+    # Those waits are the backend's in the response's outcome, not time the gateway added.
+    assert round(relay.outcome.waited, 9) == round(3 * GATHER, 9)
     # A body that is not an event stream (an embedding, a JSON answer) is read as fast as it comes.
     with trio.fail_after(5):
         assert await relayed("application/json", [large, large, small]) == [large, large, small]

@@ -3,7 +3,8 @@
     send_body     a `DeferredHeadBody` (its status and headers once decided,
                   then every write, then the end) on an ASGI `send`
     stream        the same, ended at once when the client disconnects (the
-                  Responses route, served beside the framework)
+                  routes served beside the framework; the watch started
+                  late by the process's `LateWatches`, transport/watches.py)
     as_response   the same body as a Quart response, and `BodyConnection`,
                   the Quart connection class that writes it with `send_body`
 
@@ -22,6 +23,7 @@ from quart import Response
 from quart_trio.asgi import TrioASGIHTTPConnection
 
 from .sse import DeferredHeadBody
+from .watches import LateWatches
 
 __all__ = ["BodyConnection", "as_response", "send_body", "stream"]
 
@@ -35,9 +37,10 @@ async def send_body(body: DeferredHeadBody, send: Send) -> None:
     await body.serve(functools.partial(_write, send=send))
 
 
-async def stream(body: DeferredHeadBody, receive: Receive, send: Send) -> None:
-    """`send_body`, ended at once when the client disconnects."""
-    await body.serve(functools.partial(_write, send=send), functools.partial(_watch_disconnect, receive))
+async def stream(body: DeferredHeadBody, receive: Receive, send: Send, watches: LateWatches | None = None) -> None:
+    """`send_body`, ended at once when the client disconnects (watched from the start, or from when
+    `watches` starts the watch: see `transport.watches`)."""
+    await body.serve(functools.partial(_write, send=send), functools.partial(_watch_disconnect, receive), watches=watches)
 
 
 async def _write(body: DeferredHeadBody, send: Send) -> None:

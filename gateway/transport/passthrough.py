@@ -13,7 +13,7 @@ the last whole event.  A drain that runs out of time stops it the same way
 
 A backend that is ahead (an event stream whose read took at least
 `GATHER_AFTER` bytes: several events were waiting) is read again only
-`GATHER` later, so that what it sends meanwhile goes out in the same write:
+`GATHER` later (counted as the backend's wait, as a read's), so that what it sends meanwhile goes out in the same write:
 at c=50 on a bursting backend this halves the relay's reads and writes per
 answer, and its client's.  A stream read as it is written (a model's tokens,
 one event per read) is never held; the first event never waits.
@@ -173,8 +173,12 @@ class PassthroughBody(DeferredHeadBody):
             raise StopAsyncIteration
         if not (self._stopped or self._timed_out):
             if self._gather_until:
+                outcome = self._relay.outcome
+                began = trio.current_time()
                 await trio.sleep_until(self._gather_until)
                 self._gather_until = 0.0
+                if outcome is not None:  # a wait for the backend's next bytes, as a read's is
+                    outcome.waited += trio.current_time() - began
             try:
                 data = await self._chunks.__anext__()
             except StopAsyncIteration:
