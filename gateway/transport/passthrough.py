@@ -13,10 +13,12 @@ the last whole event.  A drain that runs out of time stops it the same way
 
 A backend that is ahead (an event stream whose read took at least
 `GATHER_AFTER` bytes: several events were waiting) is read again only
-`GATHER` later (counted as the backend's wait, as a read's), so that what it sends meanwhile goes out in the same write:
-at c=50 on a bursting backend this halves the relay's reads and writes per
-answer, and its client's.  A stream read as it is written (a model's tokens,
-one event per read) is never held; the first event never waits.
+`GATHER` later (counted as the backend's wait, as a read's), so that what
+it sends meanwhile goes out in the same write: at c=50 on a bursting
+backend the relay's reads and writes per answer fall by a quarter, and its
+client's reads with them.  A stream read as it is written (a model's
+tokens, one event per read) is never held; the first event never waits;
+a body that is not an event stream is read as fast as it comes.
 
 The reads keep no timer: a cancel scope per read cost more than the rest
 of a relayed read's work.  The process's ticker (`Heartbeats`) looks at

@@ -33,7 +33,7 @@ from ..streams.sse import encode_comment, encode_done, encode_event
 from ..turn import Turn
 from ..turn.chat import ChatTurn
 from .heartbeats import Heartbeats, Ticket
-from .watches import LateWatches
+from .watches import LateWatches, Watch, start_watch
 
 __all__ = [
     "SSE_HEADERS",
@@ -62,8 +62,6 @@ _MAX_HEAD_WAIT = 1.0
 
 # The HTTP layer's send loop over a body (`head()`, the status line, every write, the end).
 Write = Callable[["DeferredHeadBody"], Awaitable[None]]
-# Waits until the client has left, then cancels the scope it is given.
-Watch = Callable[[trio.CancelScope], Awaitable[None]]
 
 
 class DeferredHeadBody:
@@ -89,11 +87,7 @@ class DeferredHeadBody:
                 await write(self)
             return
         async with trio.open_nursery() as nursery:  # owned here: the disconnect watch beside the send loop
-            pending = None
-            if watches is None:
-                nursery.start_soon(watch, nursery.cancel_scope)
-            else:
-                pending = watches.watch(nursery, watch)
+            pending = start_watch(nursery, watch, watches)
             try:
                 async with self:
                     await write(self)
@@ -172,12 +166,7 @@ class EventChannelBody(DeferredHeadBody):
         # a hosted MCP server): what only the waits need (the watch, the ticker's look) is set
         # up from here, after the backend was asked.
         assert self._nursery is not None
-        pending = None
-        if watch is not None:
-            if watches is None:
-                self._nursery.start_soon(watch, self._nursery.cancel_scope)
-            else:
-                pending = watches.watch(self._nursery, watch)
+        pending = start_watch(self._nursery, watch, watches) if watch is not None else None
         self._ticket = self._heartbeats.add(self, first_beat)
         try:
             await write(self)

@@ -24,13 +24,22 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-__all__ = ["WATCH_AFTER", "LateWatches", "Pending"]
+__all__ = ["WATCH_AFTER", "LateWatches", "Pending", "Watch", "start_watch"]
 
 # Seconds a streamed response runs before its disconnect watch starts.
 WATCH_AFTER = 0.25
 
 # Waits until the client has left, then cancels the scope it is given.
 Watch = Callable[[trio.CancelScope], Awaitable[None]]
+
+
+def start_watch(nursery: trio.Nursery, watch: Watch, watches: LateWatches | None) -> Pending | None:
+    """Run `watch(nursery.cancel_scope)` in `nursery`: now without `watches`, else once the
+    response has run a while (then cancel the `Pending` it returns when the response is over)."""
+    if watches is None:
+        nursery.start_soon(watch, nursery.cancel_scope)
+        return None
+    return watches.watch(nursery, watch)
 
 
 class Pending:
