@@ -20,6 +20,7 @@ later, at once.  A write that finds the client gone waits for the watch
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -45,15 +46,14 @@ def start_watch(nursery: trio.Nursery, watch: Watch, watches: LateWatches | None
 class Pending:
     """A watch waiting for its time; `cancel` (the response is over) forgets it."""
 
-    __slots__ = ("due", "nursery", "watch")
+    __slots__ = ("due", "start")
 
     def __init__(self, due: float, nursery: trio.Nursery, watch: Watch) -> None:
         self.due = due
-        self.nursery: trio.Nursery | None = nursery
-        self.watch: Watch | None = watch
+        self.start: Callable[[], None] | None = functools.partial(nursery.start_soon, watch, nursery.cancel_scope)
 
     def cancel(self) -> None:
-        self.nursery = self.watch = None
+        self.start = None
 
 
 class LateWatches:
@@ -85,12 +85,10 @@ class LateWatches:
             await trio.sleep_until(pending[0].due + step)  # (those due meanwhile start with it)
             now = trio.current_time()
             while pending and pending[0].due <= now:
-                due = pending.popleft()
-                nursery, watch = due.nursery, due.watch
-                if nursery is None or watch is None:
+                start = pending.popleft().start
+                if start is None:
                     continue  # the response is over
-                due.cancel()
                 try:
-                    nursery.start_soon(watch, nursery.cancel_scope)
+                    start()
                 except RuntimeError:  # its nursery closed meanwhile: nothing left to watch
                     pass
