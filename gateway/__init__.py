@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .app import create_app
     from .config import ConfigError, Settings, load_settings
     from .errors import GatewayError
-    from .server import serve
+    from .serving import serve
     from .streams.translator import ResponseTranslator
     from .turn.plan import plan_chat_request
     from .wire import parse_create_request
@@ -32,7 +32,7 @@ _LAZY = {
     "load_settings": ".config",
     "parse_create_request": ".wire",
     "plan_chat_request": ".turn.plan",
-    "serve": ".server",
+    "serve": ".serving",
 }
 
 

@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
     from .logs import configure_logging
-    from .server import StartupError, run
+    from .server import StartupError
+    from .serving import run
 
     try:
         configure_logging(settings)

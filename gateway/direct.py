@@ -68,4 +68,4 @@ class DirectRoutes:
             dialect = render.dialect_of(path, headers)
             await render.send_error(send, error, where=where, dialect=dialect, request_id=ctx.request_id)
             return
-        await asgi_transport.stream(answer, receive, send, self._shared.watches)
+        await asgi_transport.stream(answer, scope, receive, send)

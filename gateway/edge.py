@@ -37,13 +37,14 @@ from typing import Any
 import trio
 
 from . import loops
-from .errors import GatewayError, InternalError, InvalidRequest, LoopDetected, ShuttingDown
-from .intake import HTTP11_EXTENSION, discard_body
+from .errors import GatewayError, InternalError, InvalidRequest, LoopDetected, ShuttingDown, is_failure
+from .intake import discard_body
 from .render import Dialect, deny_websocket, dialect_of, send_error
 from .observe import Telemetry, route_of
+from .server.ext import HTTP11, extension
 from .streams.translator import random_id
 
-__all__ = ["Edge", "TooManyWebSockets", "is_failure"]
+__all__ = ["Edge", "TooManyWebSockets"]
 
 log = logging.getLogger("gateway.edge")
 
@@ -170,7 +171,7 @@ class Edge:
                 await send_error(send, refusal, close=isinstance(refusal, ShuttingDown), where=_where(scope), **_shape(scope))
                 return
         started = False
-        atomic_start = HTTP11_EXTENSION in (scope.get("extensions") or ())
+        atomic_start = extension(scope, HTTP11) is not None
 
         async def guarded_send(message: Message) -> None:
             # On the path of every body chunk: one lookup for the chunks in between.
@@ -345,15 +346,6 @@ def _refusal(scope: Scope) -> GatewayError | None:
                 "A request may not carry both Content-Length and Transfer-Encoding.", code="invalid_request"
             )
     return None
-
-
-def is_failure(exc: BaseException) -> bool:
-    """An error of the app's (to contain), not cancellation or an interpreter exit (to pass on)."""
-    if isinstance(exc, BaseExceptionGroup):
-        exits, _ = exc.split((KeyboardInterrupt, SystemExit))
-        _, rest = exc.split((trio.Cancelled, KeyboardInterrupt, SystemExit))
-        return exits is None and rest is not None
-    return isinstance(exc, Exception)
 
 
 def _dialect(scope: Scope) -> Dialect:

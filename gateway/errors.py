@@ -33,6 +33,7 @@ import orjson
 _log = logging.getLogger("gateway")
 
 __all__ = [
+    "is_failure",
     "BackendError",
     "BackendStatusError",
     "BackendStreamError",
@@ -317,3 +318,13 @@ def anthropic_error_body(status: int, message: str, request_id: str | None = Non
     if request_id:
         body["request_id"] = request_id
     return body
+
+
+def is_failure(exc: BaseException) -> bool:
+    """An error to contain (an app's, a connection's), not cancellation or an interpreter exit
+    (to pass on); in a group, one that holds an error and no exit."""
+    if isinstance(exc, BaseExceptionGroup):
+        exits, _ = exc.split((KeyboardInterrupt, SystemExit))
+        _, rest = exc.split(lambda leaf: not isinstance(leaf, (Exception, BaseExceptionGroup)))
+        return exits is None and rest is not None
+    return isinstance(exc, Exception)

@@ -30,6 +30,7 @@ import trio
 
 from .errors import GatewayError, InvalidRequest, RequestTooLarge
 from .keys import ANONYMOUS, Caller
+from .server.ext import HTTP11, extension
 from .wire import CreateResponseRequest, decode_json_object, validate_create_request
 
 __all__ = [
@@ -87,16 +88,10 @@ def gateway_tools_wanted(flag: Any, header: str = "") -> bool:
 # --- bodies ---------------------------------------------------------------------------------
 
 
-# The ASGI extension the gateway's own HTTP/1.1 server (http11.py) declares in every HTTP scope:
-# what the app may rely on there and not on every server.  `http.response.start` is taken at
-# once (its `send` never waits, so it cannot be cancelled half-way), and `body_ready()` says
-# whether the next `receive` returns the whole body without waiting.
-HTTP11_EXTENSION = "gateway.http11"
-
-
 def _body_ready(scope: Any) -> bool:
-    extension = (scope.get("extensions") or {}).get(HTTP11_EXTENSION)
-    return extension is not None and extension["body_ready"]()
+    """The gateway's own server holds the whole body already (its `gateway.http11` extension)."""
+    offered = extension(scope, HTTP11)
+    return offered is not None and offered["body_ready"]()
 
 
 async def read_body(receive: Receive, limit: int, timeout: float, scope: Any = None) -> bytes | None:

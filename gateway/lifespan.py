@@ -38,7 +38,6 @@ from .store import ResponseStore, open_store, store_location
 from .store.observed import ObservedStore
 from .transport.background import BackgroundRunner
 from .transport.heartbeats import Heartbeats
-from .transport.watches import LateWatches
 from .turn import Resources
 from .turn.tools import ToolSource
 
@@ -57,7 +56,6 @@ class Shared:
     readiness: Readiness
     heartbeats: Heartbeats
     runner: BackgroundRunner
-    watches: LateWatches
 
     async def authenticate(self, scope: Any) -> None:
         """Who the request comes from (`scope["gateway"]["caller"]`), and its requests per minute
@@ -161,8 +159,6 @@ class Lifespan:
         await nursery.start(readiness.run)
         heartbeats = Heartbeats(settings.heartbeat_interval, stall_timeout=settings.client_stall_timeout)
         await nursery.start(heartbeats.run)
-        watches = LateWatches()  # every streamed response's disconnect watch, once it has run a while
-        await nursery.start(watches.run)
         runner = self._runner = BackgroundRunner(
             store, clock=clock, retry_seconds=settings.store_retry_seconds, lease_seconds=settings.background_lease_seconds
         )
@@ -193,7 +189,7 @@ class Lifespan:
             limiter=limiter,
             drain=self.drain,
         )
-        return Shared(resources, keyring, limiter, readiness, heartbeats, runner, watches)
+        return Shared(resources, keyring, limiter, readiness, heartbeats, runner)
 
     async def close(self) -> None:
         """Background jobs first (each records that it was cancelled), then what was made here."""

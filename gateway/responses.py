@@ -21,6 +21,7 @@ from . import intake, render
 from .errors import GatewayError, NotFound, RequestTooLarge
 from .intake import RequestContext
 from .lifespan import Shared
+from .server.ext import BATCH, extension
 from .transport import asgi as asgi_transport
 from .transport.follow import EventReplay, follow_job
 from .transport.json import JsonBody, turn_answer
@@ -76,7 +77,7 @@ class ResponsesRoute:
                 await intake.discard_body(receive)
             await render.send_error(send, error, where=where)
             return
-        await asgi_transport.stream(answer, receive, send, self._shared.watches)
+        await asgi_transport.stream(answer, scope, receive, send)
 
 
 class SocketRoute:
@@ -91,7 +92,8 @@ class SocketRoute:
         ctx = RequestContext.of(scope)
         path = scope.get("path", "")
         if path in self._paths:
-            await serve_asgi_websocket(self._shared.resources, ctx, receive, send)
+            batch = extension(scope, BATCH)
+            await serve_asgi_websocket(self._shared.resources, ctx, receive, send, batch["hold"] if batch else None)
         elif (await receive())["type"] == "websocket.connect":
             unknown = NotFound(f"No WebSocket is served at {path}.", code="unknown_url")
             await render.deny_websocket(scope, send, unknown, f"WEBSOCKET {path} {ctx.request_id or ''}".rstrip())

@@ -29,7 +29,7 @@ import trio
 from httpx2.websockets import AsyncWebSocketClient, WebSocketDisconnect
 
 from conftest import parse_sse
-from gateway.server import _LINGER
+from gateway.server.loop import LINGER as _LINGER
 from gateway.store.sqlite import SQLiteStore
 from spec import validate_event
 from test_multi_instance_and_crash import _SETTINGS_VARIABLES, STARTUP_SECONDS, LineReader

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 
-from gateway.server import _GC_THRESHOLDS, settle_garbage_collector
+from gateway.server.loop import GC_THRESHOLDS as _GC_THRESHOLDS, settle_garbage_collector
 
 
 def test_settling_freezes_what_start_up_made_and_collects_less_often():

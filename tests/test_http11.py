@@ -1,4 +1,4 @@
-"""The gateway's own HTTP/1.1 server (`gateway.http11`), over real sockets, byte for byte.
+"""The gateway's own HTTP/1.1 server (`gateway.server.http11`), over real sockets, byte for byte.
 
 What a plain connection must do that the other tests do not already show
 through clients: pipelined requests in order, `Expect: 100-continue`, a
@@ -21,7 +21,8 @@ import trio
 
 import gateway
 from gateway.errors import RequestTooLarge
-from gateway.intake import HTTP11_EXTENSION, read_body
+from gateway.intake import read_body
+from gateway.server.ext import HTTP11 as HTTP11_EXTENSION
 from asgi_helpers import answer_lifespan
 from conftest import make_settings, parse_sse
 from test_http_edges import STREAM_BODY, connect, dechunk, error_of, read_until_closed, split_response
@@ -205,7 +206,7 @@ async def test_a_receive_waiting_for_the_clients_end_hears_http_disconnect_once_
 
 
 async def test_the_scope_says_whether_the_body_is_already_whole_and_the_app_reads_it_either_way(nursery):
-    # The server's extension (`intake.HTTP11_EXTENSION`): `body_ready()` is true when the next
+    # The server's extension (`gateway.http11`): `body_ready()` is true when the next
     # `receive` hands over the whole body without waiting; a body still on its way says false,
     # and `read_body` then waits for it under its timer.
     ready: list[bool] = []

@@ -1,4 +1,4 @@
-"""WebSockets on the gateway's own HTTP/1.1 server (`gateway.http11_websocket`), over real sockets.
+"""WebSockets on the gateway's own HTTP/1.1 server (`gateway.server.websocket`), over real sockets.
 
 The turns themselves are shown through a real client in test_websocket.py;
 here, what the server does with the protocol: the handshake (no extension
@@ -34,10 +34,10 @@ from wsproto.events import (
 from wsproto.extensions import PerMessageDeflate
 
 import gateway
-import gateway.server
+import gateway.server.hypercorn
 from asgi_helpers import answer_lifespan
 from conftest import make_settings
-from gateway.http11_websocket import asks_for_websocket, frame
+from gateway.server.websocket import asks_for_websocket, frame
 from test_http_edges import connect, split_response
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
@@ -157,7 +157,7 @@ async def test_the_client_closing_is_answered_with_its_close_and_the_connection_
 
 
 async def test_a_message_over_the_size_bound_closes_with_1009(monkeypatch, start_gateway):
-    monkeypatch.setattr(gateway.server._Config, "websocket_max_message_size", 4096)
+    monkeypatch.setattr(gateway.server.hypercorn.GatewayConfig, "websocket_max_message_size", 4096)
     raw, _ = await open_socket(await start_gateway())
     await raw.send(Message(data="x" * 3000, message_finished=False))
     await raw.send(Message(data="x" * 3000))  # 6000 in all, over 4096
@@ -245,11 +245,11 @@ def test_a_frame_built_here_is_read_by_wsproto_whole(size):
 
 def test_only_a_version_13_get_with_a_key_asks_for_a_websocket():
     good = [(b"upgrade", b"WebSocket"), (b"sec-websocket-version", b"13"), (b"sec-websocket-key", b"abc")]
-    assert asks_for_websocket(b"GET", good)
-    assert not asks_for_websocket(b"POST", good)
-    assert not asks_for_websocket(b"GET", good[:2])
-    assert not asks_for_websocket(b"GET", [good[0], (b"sec-websocket-version", b"8"), good[2]])
-    assert not asks_for_websocket(b"GET", [(b"upgrade", b"h2c"), *good[1:]])
+    assert asks_for_websocket("GET", good)
+    assert not asks_for_websocket("POST", good)
+    assert not asks_for_websocket("GET", good[:2])
+    assert not asks_for_websocket("GET", [good[0], (b"sec-websocket-version", b"8"), good[2]])
+    assert not asks_for_websocket("GET", [(b"upgrade", b"h2c"), *good[1:]])
 
 
 async def _bare_socket(nursery: Any, handler: Any) -> str:

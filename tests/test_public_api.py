@@ -127,3 +127,26 @@ def test_only_the_app_and_the_body_bridge_import_the_framework():
 def test_the_app_module_is_wiring_only():
     lines = (PACKAGE / "app.py").read_text().splitlines()
     assert len(lines) <= 250, "routes only route: behaviour belongs in intake, turn/, transport/, render"
+
+
+def test_the_server_imports_nothing_of_the_app():
+    # The HTTP server knows sockets and ASGI: of the gateway, only the settings and the errors;
+    # what it needs from the app comes as hooks, what the app needs from it as ASGI extensions.
+    found = modules("server")
+    allowed = ("gateway.server", "gateway.config", "gateway.errors")
+    outside = {
+        module: sorted(name for name in names if name.startswith("gateway.") and not name.startswith(allowed))
+        for module, names in found.items()
+    }
+    assert {module: names for module, names in outside.items() if names} == {}
+    assert breaking(found, "quart", "quart_trio") == {}
+
+
+def test_the_server_extensions_load_no_server():
+    # An app asks for an extension (`gateway.server.ext`) without loading the server.
+    import subprocess
+    import sys
+
+    probe = "import sys\nimport gateway.server.ext\nprint(sorted(m for m in sys.modules if m.startswith(('gateway.server.', 'hypercorn', 'httptools', 'trio'))))\n"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['gateway.server.ext']"

@@ -11,7 +11,7 @@ import orjson
 import trio
 from httpx2.websockets import AsyncWebSocketClient
 
-import gateway.http11
+import gateway.server.http11
 
 from spec import _cached_validator, validate_event
 
@@ -156,8 +156,8 @@ class _CountingOs:
 
 
 async def test_the_events_of_a_burst_leave_as_a_message_each_in_a_few_writes(gateway_url, monkeypatch):
-    counting = _CountingOs(gateway.http11.os)
-    monkeypatch.setattr(gateway.http11, "os", counting)
+    counting = _CountingOs(gateway.server.http11.os)
+    monkeypatch.setattr(gateway.server.http11, "os", counting)
     async with aconnect_ws(ws_url(gateway_url)) as ws:
         events = await turn(ws, model="burst", input="hi")
         again = await turn(ws, model="text", input="still one message per event")

@@ -6,6 +6,12 @@ UTF-8 never puts CR or LF bytes inside a multi-byte character, so splitting
 bytes is safe), handles a CR at the end of one read and an LF at the start
 of the next, and caps the size of one event.  It knows nothing about what
 the events mean.
+
+Its cost is linear in the bytes fed, however long a line is: a read that
+ends no line is set aside, not joined to what came before, and a line is
+put together once, when its end arrives (joining the tail at every read
+made a 16 MiB line cost seconds of CPU, and stalled every stream of the
+process meanwhile).
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ class SSEDecoder:
 
     def __init__(self, max_event_bytes: int = 16 * 1024 * 1024) -> None:
         self._max = max_event_bytes
-        self._buffer = b""
+        self._buffer = b""  # the unfinished line (and, on the hot path, the unfinished event)
+        self._more: list[bytes] = []  # reads that ended no line, after `_buffer`: joined once, at its end
+        self._more_size = 0
         self._at_start = True
         self._data: list[bytes] = []
         self._size = 0
@@ -50,7 +58,9 @@ class SSEDecoder:
         Raises:
             SSETooLarge: a limit was passed.
         """
-        buffer = self._buffer + chunk if self._buffer else chunk
+        if self._set_aside(chunk):
+            return []
+        buffer = self._joined(chunk)
         if self._at_start:
             if len(buffer) < 3 and b"\xef\xbb\xbf".startswith(buffer):
                 self._buffer = buffer  # may still be a byte order mark
@@ -108,6 +118,10 @@ class SSEDecoder:
 
     def _data_lines(self, chunk: bytes) -> list[bytes] | None:
         """`decode_data`'s hot path; None (nothing changed) where it does not apply."""
+        if self._set_aside(chunk):
+            return []
+        if self._more:
+            self._buffer = self._joined(b"")
         buffer = self._buffer + chunk if self._buffer else chunk
         if self._at_start or self._data or self._event is not None or b"\r" in buffer:
             return None
@@ -128,8 +142,36 @@ class SSEDecoder:
         self._buffer = rest
         return payloads
 
+    def _set_aside(self, chunk: bytes) -> bool:
+        """Keep `chunk` aside, unjoined, when it only continues an unfinished line (no CR or LF
+        in it, and none just before it that an LF could complete).
+
+        Raises:
+            SSETooLarge: the line passed the limit.
+        """
+        buffer = self._buffer
+        if not buffer or self._at_start or b"\n" in chunk or b"\r" in chunk:
+            return False
+        last = self._more[-1] if self._more else buffer
+        if last[-1:] == b"\r":
+            return False
+        self._more.append(chunk)
+        self._more_size += len(chunk)
+        if len(buffer) + self._more_size > self._max:
+            raise SSETooLarge(f"a line exceeded {self._max} bytes")
+        return True
+
+    def _joined(self, chunk: bytes) -> bytes:
+        """The unfinished tail and `chunk`, as one piece (each byte set aside is joined once)."""
+        if self._more:
+            buffer = b"".join([self._buffer, *self._more, chunk])
+            self._more, self._more_size = [], 0
+            return buffer
+        return self._buffer + chunk if self._buffer else chunk
+
     def flush(self) -> list[SSEEvent]:
         """End of input: a last event without its blank line still counts."""
+        self._buffer = self._joined(b"")
         events: list[SSEEvent] = []
         if self._at_start and b"\xef\xbb\xbf".startswith(self._buffer):
             self._buffer = b""

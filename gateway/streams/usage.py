@@ -50,7 +50,8 @@ class UsageMeter:
 
     def __init__(self, *, events: bool) -> None:
         self.events = events
-        self._line = bytearray()  # an event stream's unfinished line
+        self._line: list[bytes] = []  # an event stream's unfinished line, in the pieces it came in
+        self._line_size = 0
         self._tail = bytearray()  # a JSON body's last bytes
         self._usage: dict[str, Any] = {}
 
@@ -62,12 +63,26 @@ class UsageMeter:
             if len(self._tail) > 2 * _TAIL:
                 del self._tail[:-_TAIL]
             return bool(data)
-        buf = bytes(self._line) + data if self._line else data
-        cut = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1  # the whole lines end here
+        end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1  # the chunk's whole lines end here
+        if not end:
+            # It ends no line: set aside (joined once, when the line ends), unless the line is
+            # already past what is looked into.  Linear in the bytes, however long the line.
+            if self._line_size <= _MAX_LINE:
+                self._line.append(data)
+                self._line_size += len(data)
+            return False
+        if self._line and self._line_size <= _MAX_LINE:
+            head = b"".join(self._line)
+            buf, cut = head + data, len(head) + end
+            self._line, self._line_size = [], 0
+        elif self._line:  # a line too long to look into: its end is not a line of its own
+            skip = min(_found_or(data.find(b"\n"), end), _found_or(data.find(b"\r"), end)) + 1
+            buf, cut = data[skip:], end - skip
+            self._line, self._line_size = [], 0
+        else:
+            buf, cut = data, end
         if cut < len(buf):
-            self._line = bytearray(buf[cut:]) if len(buf) - cut <= _MAX_LINE else bytearray()
-        elif self._line:
-            self._line = bytearray()
+            self._line, self._line_size = [buf[cut:]], len(buf) - cut
         carried = buf.startswith(b"data:", 0, cut) or buf.find(b"\ndata:", 0, cut) >= 0 or buf.find(b"\rdata:", 0, cut) >= 0
         # Only an event whose usage is an object is read: streams that ask for usage carry
         # `"usage":null` in every chunk, and parsing each would cost the relay a JSON decode per

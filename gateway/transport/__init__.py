@@ -9,10 +9,9 @@ it decides its status and headers, then yields its writes.
     follow.py       stored events replayed, running background responses followed
     background.py   background responses: run in a server-owned nursery, with leases
     heartbeats.py   one ticker per process: keep-alives for quiet streams
-    watches.py      one task per process: a streamed response's disconnect watch,
-                    started once the response has run a while
+    leaving.py      how a body hears its client left, at once (the server's call back,
+                    or a task that reads)
     asgi.py         a body written on ASGI, and the bridge to Quart's responses
-    coalesce.py     messages sent together written together (the server's writer holds them)
 
 Transports turn event batches into bytes; they decide nothing about the
 protocol.  The routes (`gateway.app`, `gateway.responses`) wire a transport

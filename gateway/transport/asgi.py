@@ -3,8 +3,8 @@
     send_body     a `DeferredHeadBody` (its status and headers once decided,
                   then every write, then the end) on an ASGI `send`
     stream        the same, ended at once when the client disconnects (the
-                  routes served beside the framework; the watch started
-                  late by the process's `LateWatches`, transport/watches.py)
+                  routes served beside the framework; how it hears of it:
+                  `transport.leaving`)
     as_response   the same body as a Quart response, and `BodyConnection`,
                   the Quart connection class that writes it with `send_body`
 
@@ -23,7 +23,7 @@ from quart import Response
 from quart_trio.asgi import TrioASGIHTTPConnection
 
 from .sse import DeferredHeadBody
-from .watches import LateWatches
+from .leaving import watch_for
 
 __all__ = ["BodyConnection", "as_response", "send_body", "stream"]
 
@@ -37,10 +37,9 @@ async def send_body(body: DeferredHeadBody, send: Send) -> None:
     await body.serve(functools.partial(_write, send=send))
 
 
-async def stream(body: DeferredHeadBody, receive: Receive, send: Send, watches: LateWatches | None = None) -> None:
-    """`send_body`, ended at once when the client disconnects (watched from the start, or from when
-    `watches` starts the watch: see `transport.watches`)."""
-    await body.serve(functools.partial(_write, send=send), functools.partial(_watch_disconnect, receive), watches=watches)
+async def stream(body: DeferredHeadBody, scope: Any, receive: Receive, send: Send) -> None:
+    """`send_body`, ended at once when the client disconnects (`transport.leaving`)."""
+    await body.serve(functools.partial(_write, send=send), watch_for(scope, receive))
 
 
 async def _write(body: DeferredHeadBody, send: Send) -> None:
@@ -61,12 +60,6 @@ async def _write(body: DeferredHeadBody, send: Send) -> None:
     if body.stalled:
         return  # the client stopped reading: the server closes the unfinished response's connection
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
 
 
 def as_response(body: DeferredHeadBody) -> Response:

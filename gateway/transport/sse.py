@@ -33,7 +33,7 @@ from ..streams.sse import encode_comment, encode_done, encode_event
 from ..turn import Turn
 from ..turn.chat import ChatTurn
 from .heartbeats import Heartbeats, Ticket
-from .watches import LateWatches, Watch, start_watch
+from .leaving import Watch
 
 __all__ = [
     "SSE_HEADERS",
@@ -79,21 +79,20 @@ class DeferredHeadBody:
     # write (a body that cannot tell leaves it False, and its end goes on its own).
     finished = False
 
-    async def serve(self, write: Write, watch: Watch | None = None, *, watches: LateWatches | None = None) -> None:
-        """Run the send loop `write(self)`; with `watch`, all of it ends at once when the client
-        leaves (the watch started by `watches` once the response has run a while, else now)."""
+    async def serve(self, write: Write, watch: Watch | None = None) -> None:
+        """Run the send loop `write(self)`; with `watch`, all of it ends at once when the client leaves."""
         if watch is None:
             async with self:
                 await write(self)
             return
         async with trio.open_nursery() as nursery:  # owned here: the disconnect watch beside the send loop
-            pending = start_watch(nursery, watch, watches)
+            forget = watch(nursery)
             try:
                 async with self:
                     await write(self)
             finally:
-                if pending is not None:
-                    pending.cancel()
+                if forget is not None:
+                    forget()
             nursery.cancel_scope.cancel()
 
     async def __aenter__(self) -> DeferredHeadBody:
@@ -142,7 +141,7 @@ class EventChannelBody(DeferredHeadBody):
     async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
         raise NotImplementedError
 
-    async def serve(self, write: Write, watch: Watch | None = None, *, watches: LateWatches | None = None) -> None:
+    async def serve(self, write: Write, watch: Watch | None = None) -> None:
         self._last_write = now = trio.current_time()
         out_send: trio.MemorySendChannel[bytes]
         out_send, out_recv = trio.open_memory_channel(256)  # (unsubscripted: no typing work per stream)
@@ -151,7 +150,7 @@ class EventChannelBody(DeferredHeadBody):
         try:
             async with trio.open_nursery() as nursery:  # owned here: the send loop and the watch beside the producer
                 self._nursery = nursery
-                nursery.start_soon(self._run_writer, write, watch, watches, now + self._interval)
+                nursery.start_soon(self._run_writer, write, watch, now + self._interval)
                 await self._run_producer(out_send)
         finally:
             self._stop_beats()
@@ -161,12 +160,12 @@ class EventChannelBody(DeferredHeadBody):
             out_recv.close()
             self.closed()
 
-    async def _run_writer(self, write: Write, watch: Watch | None, watches: LateWatches | None, first_beat: float) -> None:
+    async def _run_writer(self, write: Write, watch: Watch | None, first_beat: float) -> None:
         # The send loop's first step comes when the producer first waits (for its backend, or
         # a hosted MCP server): what only the waits need (the watch, the ticker's look) is set
         # up from here, after the backend was asked.
         assert self._nursery is not None
-        pending = start_watch(self._nursery, watch, watches) if watch is not None else None
+        forget = watch(self._nursery) if watch is not None else None
         self._ticket = self._heartbeats.add(self, first_beat)
         try:
             await write(self)
@@ -174,8 +173,8 @@ class EventChannelBody(DeferredHeadBody):
             self.client_left = True  # (the watch saw the client leave, or the server ended the request)
             raise
         finally:
-            if pending is not None:
-                pending.cancel()
+            if forget is not None:
+                forget()
             if self.stalled:
                 self.client_left = True
             # Everything useful has been sent (or the client left): the producer and the watch stop.
@@ -292,10 +291,10 @@ class TurnStream(EventChannelBody):
         self._request_id = request_id
         self._json_error: bytes | None = None
 
-    async def serve(self, write: Write, watch: Watch | None = None, *, watches: LateWatches | None = None) -> None:
+    async def serve(self, write: Write, watch: Watch | None = None) -> None:
         self.turn.begin()  # the backend starts on the request while the stream sets up
         try:
-            await super().serve(write, watch, watches=watches)
+            await super().serve(write, watch)
         finally:
             self.turn.abandon()  # (a begun request the turn never took: it did not run)
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+import contextlib
+
 import trio
 
 from ..errors import GatewayError, InvalidRequest
@@ -29,7 +31,6 @@ from ..intake import RequestContext, ws_create_request
 from ..render import ws_error
 from ..streams.sse import event_json
 from ..turn import Resources, prepare_turn
-from .coalesce import coalesced
 
 __all__ = ["serve_asgi_websocket", "serve_websocket"]
 
@@ -37,6 +38,7 @@ Receive = Callable[[], Awaitable[str | bytes]]
 SendText = Callable[[str], Awaitable[None]]
 Close = Callable[[int], Awaitable[None]]
 Message = MutableMapping[str, Any]
+Hold = Callable[[], contextlib.AbstractAsyncContextManager[Any]]
 _QUEUED_FRAMES = 8  # frames a client may send ahead of the turn in progress before its reads wait
 
 
@@ -45,8 +47,10 @@ async def serve_asgi_websocket(
     ctx: RequestContext,
     receive: Callable[[], Awaitable[Message]],
     send: Callable[[Message], Awaitable[None]],
+    hold: Hold | None = None,
 ) -> None:
-    """Accept an ASGI WebSocket and serve it (`serve_websocket`) until either side ends it."""
+    """Accept an ASGI WebSocket and serve it (`serve_websocket`) until either side ends it; with
+    `hold` (the server's `gateway.batch`), a batch of events leaves in one write."""
     if (await receive())["type"] != "websocket.connect":
         return
     await send({"type": "websocket.accept"})
@@ -71,18 +75,21 @@ async def serve_asgi_websocket(
 
     async with frames, trio.open_nursery() as nursery:  # owned here: the socket's reader beside its turns
         nursery.start_soon(read)
-        await serve_websocket(resources, ctx, frames.receive, send_text, close)
+        await serve_websocket(resources, ctx, frames.receive, send_text, close, hold)
         nursery.cancel_scope.cancel()
 
 
-async def serve_websocket(resources: Resources, ctx: RequestContext, receive: Receive, send_text: SendText, close: Close) -> None:
+async def serve_websocket(
+    resources: Resources, ctx: RequestContext, receive: Receive, send_text: SendText, close: Close, hold: Hold | None = None
+) -> None:
     """Serve one accepted WebSocket until the client leaves, the drain begins or its time is up."""
+    together = hold if hold is not None else contextlib.nullcontext
     settings, drain = resources.settings, resources.drain
     opened = trio.current_time()
     latest: dict[str, Any] = {}  # the connection's latest response: id -> the items it continues from
 
     async def send(events: list[dict[str, Any]]) -> None:
-        async with coalesced():  # a message per event, one write for them all
+        async with together():  # a message per event, one write for them all
             for event in events:
                 await send_text(event_json(event).decode())
 

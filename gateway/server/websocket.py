@@ -14,7 +14,7 @@ served here instead, in the connection's own task:
   1009, a protocol error with wsproto's code;
 - a message the app sends is one frame built here (a server's frames are
   not masked: a header and the payload), written at once, or held with the
-  others of a batch (`coalesced()`: a turn's burst of events in one write);
+  others of a batch (the `gateway.batch` extension's `hold()`: a turn's burst of events in one write);
 - no extension is negotiated (permessage-deflate would compress every
   small event; clients go on without it, as the RFC has them);
 - refusing the handshake (`websocket.http.response.*`, or `websocket.close`
@@ -37,7 +37,8 @@ from wsproto.connection import Connection, ConnectionState, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 from wsproto.utilities import generate_accept_token
 
-from .edge import is_failure
+from ..errors import is_failure
+from . import ext
 
 if TYPE_CHECKING:
     from .http11 import _Connection
@@ -52,9 +53,9 @@ _TEXT, _BINARY = 0x1, 0x2
 _TOO_BIG = 1009
 
 
-def asks_for_websocket(method: bytes, headers: list[tuple[bytes, bytes]]) -> bool:
+def asks_for_websocket(method: str, headers: list[tuple[bytes, bytes]]) -> bool:
     """A request for a WebSocket this server can serve (RFC 6455, version 13)."""
-    if method != b"GET":
+    if method != "GET":
         return False
     upgrade = version = key = False
     for name, value in headers:
@@ -125,7 +126,7 @@ class WebSocketExchange:
             "server": connection.local,
             "subprotocols": subprotocols,
             "state": connection.server.state.copy(),
-            "extensions": {"websocket.http.response": {}},
+            "extensions": {"websocket.http.response": {}, ext.BATCH: {"hold": connection.hold}},
         }
 
     async def run(self, app: Any) -> None:
