@@ -96,6 +96,7 @@ WAIT_RELEASE = "wait-release"  # wait for the test to set backend.release
 CLOSE = "close"  # end the body here (no [DONE])
 COMMENTS_FOREVER = "comments-forever"  # an SSE comment every 50 ms, never data
 TRICKLE = "trickle"  # one byte of a chunk every 50 ms, never a whole chunk
+TOKENS_FOREVER = "tokens-forever"  # a token after another, as fast as the client reads, until it leaves
 
 # 200 text chunks in one write of the backend's, as a fast server's reply often arrives.
 _BURST = b"\n\ndata: ".join(orjson.dumps(chunk({"content": f"w{i} "})) for i in range(200))
@@ -245,6 +246,7 @@ SCENARIOS: dict[str, list[Any]] = {
         usage_chunk(),
         b"[DONE]",
     ],
+    "tokens-forever": [chunk({"role": "assistant", "content": ""}), TOKENS_FOREVER],
     "slow-first-token": [
         WAIT_RELEASE,
         chunk({"content": "Finally"}),
@@ -488,6 +490,11 @@ class ScriptedBackend:
                     while True:
                         await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
                         await trio.sleep(0.05)  # the backend's own pace, not a synchronisation
+                elif step == TOKENS_FOREVER:
+                    token = b"data: " + orjson.dumps(chunk({"content": "tok "})) + b"\n\n"
+                    while True:
+                        await send({"type": "http.response.body", "body": token, "more_body": True})
+                        await trio.lowlevel.checkpoint()  # (the socket's back-pressure paces it)
                 elif step == TRICKLE:
                     for byte in b'data: {"choices": [{"index": 0, "delta": {"content": "never complete"}}]}' * 100:
                         await send({"type": "http.response.body", "body": bytes([byte]), "more_body": True})

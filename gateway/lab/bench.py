@@ -364,6 +364,8 @@ async def run_bench(
         await _workers_scenario(bench)
     if only in ("all", "shared"):
         await _shared_service_scenario(bench, rounds=bench.rounds)
+    if only in ("all", "disconnects"):
+        await _disconnect_scenario(bench)
     if only in ("all", "heartbeats") and slow_streams > 0:
         for streams in sorted({min(5000, slow_streams), slow_streams}):
             await _heartbeat_scenario(bench, streams)
@@ -984,6 +986,27 @@ async def _profile_scenario(bench: Bench, load: LoadConfig, pid: int, per_event_
     ]
 
 
+DISCONNECT_TARGET_MS = 10.0
+
+
+async def _disconnect_scenario(bench: Bench) -> None:
+    """A client leaves a stream (or a JSON answer, or an MCP call): milliseconds until the
+    backend's connection closes, by the backend's own clock (`gateway.lab.disconnects`)."""
+    from .disconnects import measure
+
+    figures = await measure(repeats=5 if bench.quick else 20, progress=lambda line: print(line, flush=True))
+    for transport, phase, median, worst in figures.rows():
+        bench.row(
+            f"disconnect: {transport}, {phase}",
+            "client's close → gateway let go (ms, median [max])",
+            f"{median:.2f} [{worst:.2f}]",
+            "",
+            "",
+            f"≤ {DISCONNECT_TARGET_MS:g} ms",
+            _met(worst <= DISCONNECT_TARGET_MS),
+        )
+
+
 async def _heartbeat_scenario(bench: Bench, streams: int) -> None:
     ramp = 30.0 * streams / 5000
     async with _simulator(tokens=5, ttft=30) as (sim_url, _sim_proc):
@@ -1184,11 +1207,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["all", "throughput", "latency", "paths", "paced", "floor", "shared", "heartbeats"],
+        choices=["all", "throughput", "latency", "paths", "paced", "floor", "shared", "disconnects", "heartbeats"],
         default="all",
         help="one part: latency (first text delta added at c=1), paths (every path at c=1 and c=50), "
         "paced (50 streams a token per 20 ms, with its profile), floor (a bare trio relay on the paced load), "
-        "throughput (those four), shared (the cost of keys, limits and metrics), heartbeats",
+        "throughput (those four), shared (the cost of keys, limits and metrics), disconnects (how soon a client that "
+        "leaves is let go, on each transport), heartbeats",
     )
 
 

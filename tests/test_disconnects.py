@@ -1,0 +1,295 @@
+"""A client that leaves is noticed at once, whatever the response is doing, on every transport.
+
+The gateway, the scripted backend and the client run in one trio run whose
+clock does not move (`MockClock(rate=0)`; it jumps only if every task has
+been blocked for `STUCK` real seconds, a test that fails rather than hangs).
+A watch that polled, slept or waited out a timer could not see the client
+leave here: the backend's connection closes (and an MCP call is cancelled)
+without the clock having moved, so the gateway noticed from the socket
+itself, at once.  `gateway bench --only disconnects` measures the same in
+milliseconds with the backend's own timestamps (`gateway/lab/disconnects.py`).
+
+The transports: the gateway's own HTTP/1.1, hypercorn's (`HTTP1_SERVER=
+hypercorn`), HTTP/2 (hypercorn's, prior knowledge) and WebSockets.  What the
+response is doing when the client leaves: tokens flowing, the backend silent
+before its first byte (so no byte has reached the client), silent after it,
+an MCP tool call running, a JSON answer awaited, a background response
+followed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import pathlib
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import orjson
+import pytest
+import trio
+import trio.testing
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, Request, TextMessage
+
+import gateway
+import gateway.responses
+from conftest import SequentialIds, make_settings
+from test_http_edges import connect
+
+STUCK = 1.0  # real seconds every task may be blocked before the clock jumps (then the test fails)
+WATCHED_SERVER = pathlib.Path(__file__).parent / "fixtures" / "mcp_watched_server.py"
+
+
+@pytest.fixture
+def frozen() -> trio.testing.MockClock:
+    return trio.testing.MockClock(rate=0, autojump_threshold=STUCK)
+
+
+def request_body(model: str, **extra: Any) -> bytes:
+    return orjson.dumps({"model": model, "input": "hi", "stream": True, **extra})
+
+
+# --- the clients, one per transport: send a request, read until a condition, then leave -------------
+
+
+class Client:
+    """A client that sends one request and reads what comes back (decoded to text) until told to leave."""
+
+    received = b""
+
+    async def open(self, url: str, body: bytes) -> None:
+        raise NotImplementedError
+
+    async def read_until(self, marker: bytes) -> None:
+        with trio.fail_after(60):
+            while marker not in self.received:
+                await self._read()
+
+    async def _read(self) -> None:
+        raise NotImplementedError
+
+    async def leave(self) -> None:
+        """Close the connection, nothing said (as a client that is killed or gives up does)."""
+        await self.stream.aclose()
+
+    stream: trio.SocketStream
+
+
+class Http1(Client):
+    async def open(self, url: str, body: bytes, path: bytes = b"/v1/responses", method: bytes = b"POST") -> None:
+        self.stream = await connect(url)
+        head = b"%b %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        await self.stream.send_all(head % (method, path, len(body)) + body)
+
+    async def _read(self) -> None:
+        data = await self.stream.receive_some()
+        assert data, "the gateway closed the connection"
+        self.received += data
+
+
+class Http2(Client):
+    async def open(self, url: str, body: bytes, path: bytes = b"/v1/responses", method: bytes = b"POST") -> None:
+        self.stream = await connect(url)
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.h2.initiate_connection()
+        headers = [(b":method", method), (b":path", path), (b":scheme", b"http"), (b":authority", b"x"), (b"content-type", b"application/json")]
+        self.h2.send_headers(1, headers, end_stream=not body)
+        if body:
+            self.h2.send_data(1, body, end_stream=True)
+        await self.stream.send_all(self.h2.data_to_send())
+
+    async def _read(self) -> None:
+        data = await self.stream.receive_some()
+        assert data, "the gateway closed the connection"
+        for event in self.h2.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                self.received += event.data
+                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        await self.stream.send_all(self.h2.data_to_send())
+
+
+class WebSocket(Client):
+    async def open(self, url: str, body: bytes, path: bytes = b"/v1/responses", method: bytes = b"POST") -> None:
+        self.stream = await connect(url)
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        await self.stream.send_all(self.ws.send(Request(host="x", target="/v1/responses")))
+        accepted = False
+        while not accepted:
+            self.ws.receive_data(await self.stream.receive_some())
+            accepted = any(isinstance(event, AcceptConnection) for event in self.ws.events())
+        frame = {"type": "response.create", **orjson.loads(body)}
+        frame.pop("stream", None)
+        from wsproto.events import Message
+
+        await self.stream.send_all(self.ws.send(Message(data=orjson.dumps(frame).decode())))
+
+    async def _read(self) -> None:
+        data = await self.stream.receive_some()
+        assert data, "the gateway closed the connection"
+        self.ws.receive_data(data)
+        for event in self.ws.events():
+            if isinstance(event, TextMessage):
+                self.received += event.data.encode()
+
+
+TRANSPORTS: dict[str, tuple[type[Client], dict[str, Any]]] = {
+    "gateway http/1.1": (Http1, {}),
+    "hypercorn http/1.1": (Http1, {"http1_server": "hypercorn"}),
+    "http/2": (Http2, {}),
+    "websocket": (WebSocket, {}),
+}
+
+
+@contextlib.asynccontextmanager
+async def gateway_on(nursery: trio.Nursery, backend: Any, **overrides: Any) -> AsyncIterator[str]:
+    settings = make_settings(backend.url, **overrides)
+    app = gateway.create_app(settings, ids=SequentialIds(), clock=lambda: 1_700_000_000.0)
+    yield await nursery.start(functools.partial(gateway.serve, settings, app=app))
+
+
+async def leaves_at_once(frozen: trio.testing.MockClock, left: Callable[[], Awaitable[Any]]) -> None:
+    """The client has just left: `left()` returns once the gateway has let go (the backend's
+    connection closed, the call cancelled), and the clock has not moved meanwhile."""
+    before = trio.current_time()
+    with trio.fail_after(60):
+        await left()
+    assert trio.current_time() == before, "the gateway needed a timer to notice the client had left"
+
+
+# --- the backend's request closed ---------------------------------------------------------------
+
+
+PHASES = {
+    # what the backend does, and what the client waits to read before it leaves
+    "tokens flowing": ("tokens-forever", b"tok "),
+    "backend silent before its first byte": ("hang-before-headers", None),
+    "backend silent after its first byte": ("hang", b"Waiting"),
+}
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+async def test_a_client_that_leaves_a_stream_closes_the_backends_request_at_once(frozen, nursery, backend, transport, phase):
+    kind, overrides = TRANSPORTS[transport]
+    model, marker = PHASES[phase]
+    async with gateway_on(nursery, backend, **overrides) as url:
+        client = kind()
+        await client.open(url, request_body(model))
+        with trio.fail_after(60):
+            await backend.wait_for(lambda: bool(backend.chat_requests))
+        if marker is not None:
+            await client.read_until(marker)
+        assert not backend.client_left.is_set()
+        left_at = trio.current_time()
+        await client.leave()
+        await leaves_at_once(frozen, backend.client_left.wait)
+        assert backend.client_left_at == left_at
+
+
+@pytest.mark.parametrize("transport", ["gateway http/1.1", "hypercorn http/1.1", "http/2"])
+async def test_a_client_that_leaves_before_its_json_answer_closes_the_backends_request_at_once(frozen, nursery, backend, transport):
+    kind, overrides = TRANSPORTS[transport]
+    async with gateway_on(nursery, backend, **overrides) as url:
+        client = kind()
+        await client.open(url, orjson.dumps({"model": "hang-before-headers", "input": "hi"}))
+        with trio.fail_after(60):
+            await backend.wait_for(lambda: bool(backend.chat_requests))
+        await client.leave()
+        await leaves_at_once(frozen, backend.client_left.wait)
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/messages"])
+async def test_a_client_that_leaves_a_chat_or_messages_stream_closes_the_backends_request_at_once(frozen, nursery, backend, route):
+    async with gateway_on(nursery, backend) as url:
+        client = Http1()
+        body = {"model": "hang-before-headers", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        if route == "/v1/messages":
+            body["max_tokens"] = 10
+        await client.open(url, orjson.dumps(body), path=route.encode())
+        with trio.fail_after(60):
+            await backend.wait_for(lambda: bool(backend.chat_requests))
+        await client.leave()
+        await leaves_at_once(frozen, backend.client_left.wait)
+
+
+# --- an MCP tool call cancelled ----------------------------------------------------------------------
+
+
+class Watched:
+    """What the watched MCP server says through its FIFO."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        os.mkfifo(path)
+        # Read and write (Linux allows it on a FIFO): with a writer always there, a read waits
+        # for the server's lines rather than seeing the end of a FIFO nobody has opened yet.
+        self._stream = trio.lowlevel.FdStream(os.open(path, os.O_RDWR | os.O_NONBLOCK))
+        self.lines: list[str] = []
+        self._buffer = b""
+
+    async def wait_for(self, word: str) -> float:
+        with trio.fail_after(60):
+            while True:
+                for line in self.lines:
+                    if line.startswith(word):
+                        return float(line.split()[1])
+                self._buffer += await self._stream.receive_some()
+                *whole, self._buffer = self._buffer.split(b"\n")
+                self.lines += [line.decode() for line in whole]
+
+
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+async def test_a_client_that_leaves_during_an_mcp_tool_call_has_the_call_cancelled_at_once(frozen, nursery, backend, tmp_path, transport):
+    kind, overrides = TRANSPORTS[transport]
+    watched = Watched(tmp_path / "watch.fifo")
+    config = tmp_path / "mcp.json"
+    server = {"command": sys.executable, "args": [str(WATCHED_SERVER)], "env": {"WATCH_FIFO": str(tmp_path / "watch.fifo")}}
+    config.write_text(json.dumps({"mcpServers": {"watched": server}}))
+    async with gateway_on(nursery, backend, mcp_servers_config_path=str(config), **overrides) as url:
+        client = kind()
+        await client.open(url, request_body("mcp-slow"))
+        await watched.wait_for("started")
+        await client.read_until(b"mcp_call.in_progress")
+        await client.leave()
+        await leaves_at_once(frozen, functools.partial(watched.wait_for, "cancelled"))
+
+
+# --- a background response followed ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["POST stream+background", "GET ?stream=true"])
+@pytest.mark.parametrize("transport", ["gateway http/1.1", "hypercorn http/1.1", "http/2"])
+async def test_a_client_that_leaves_a_followed_background_response_lets_go_of_it_at_once(frozen, nursery, backend, monkeypatch, transport, how):
+    kind, overrides = TRANSPORTS[transport]
+    let_go = trio.Event()
+    follow_job = gateway.responses.follow_job
+
+    async def followed(job: Any, after: int) -> AsyncIterator[bytes]:
+        try:
+            async for data in follow_job(job, after):
+                yield data
+        finally:
+            let_go.set()
+
+    monkeypatch.setattr(gateway.responses, "follow_job", followed)
+    monkeypatch.setattr(gateway.stored, "follow_job", followed)
+    async with gateway_on(nursery, backend, **overrides) as url:
+        client = kind()
+        if how == "POST stream+background":
+            await client.open(url, request_body("hang", background=True))
+        else:
+            starter = Http1()
+            await starter.open(url, orjson.dumps({"model": "hang", "input": "hi", "background": True}))
+            await starter.read_until(b'"queued"')
+            response_id = orjson.loads(starter.received.partition(b"\r\n\r\n")[2])["id"]
+            await client.open(url, b"", path=b"/v1/responses/%b?stream=true" % response_id.encode(), method=b"GET")
+        await client.read_until(b"Waiting")
+        await client.leave()
+        await leaves_at_once(frozen, let_go.wait)
+        assert not backend.client_left.is_set()  # the background response itself goes on
