@@ -71,8 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gateway {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    serve = commands.add_parser("serve", help="run the gateway (hypercorn, trio worker)")
-    serve.add_argument("--host", help="bind address (default: API_ADAPTER_HOST)")
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("--host", help="bind address (default: API_ADAPTER_HOST, or 127.0.0.1)")
     serve.add_argument("--port", type=_port, help="bind port, 0-65535 (default: API_ADAPTER_PORT)")
     serve.add_argument("--workers", type=_workers, default=1, help="worker processes, at least 1 (default: 1)")
     for name, (_module, summary) in _LAB_COMMANDS.items():

@@ -74,7 +74,9 @@ class Settings(BaseSettings):
     )
 
     # --- server ------------------------------------------------------------
-    api_adapter_host: str = Field("0.0.0.0", description="Bind address.")
+    api_adapter_host: str = Field(
+        "127.0.0.1", description="Bind address (loopback unless told otherwise: 0.0.0.0 for every interface, as in a container)."
+    )
     api_adapter_port: int = Field(8080, ge=0, le=65535, description="Bind port (0 picks a free port).")
     heartbeat_interval: float = Field(
         15.0, gt=0, description="Seconds of silence on a stream before an SSE keep-alive comment is sent."

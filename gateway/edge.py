@@ -158,16 +158,15 @@ class Edge:
                 return
         refusal = _refusal(scope)
         if refusal is not None:
-            # The body is read first: answering while the server is still
-            # parsing the request races its own handling of what follows.
-            await discard_body(receive)
+            # Answered before its body is read (no `100 Continue`, nothing read of a body that
+            # will never be used): the server closes the connection behind it unless the body
+            # had arrived whole.
             await send_error(send, refusal, close=True, where=_where(scope), **_shape(scope))
             return
         path = scope.get("path", "")
         if path not in self._open_paths:
             refusal = await self._admit(scope)
             if refusal is not None:
-                await discard_body(receive)
                 await send_error(send, refusal, close=isinstance(refusal, ShuttingDown), where=_where(scope), **_shape(scope))
                 return
         started = False

@@ -90,8 +90,9 @@ class Shared:
         exposed = [bind for bind in binds if not _loopback(bind)]
         if exposed and not keyed:
             log.warning(
-                "no API keys are configured and the gateway listens on %s: anyone who reaches it can use the "
-                "backend and the MCP tools, and read stored responses (see README, Run it for a team)",
+                "no API keys are configured and the gateway listens on %s: anyone who can reach it spends the "
+                "backend's key, runs the MCP tools and reads stored responses (set GATEWAY_API_KEYS, or "
+                "API_ADAPTER_HOST=127.0.0.1; see README, Run it for a team)",
                 ", ".join(exposed),
             )
 

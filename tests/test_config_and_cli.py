@@ -22,7 +22,7 @@ def test_defaults_follow_the_open_responses_server_table(monkeypatch, tmp_path):
             monkeypatch.delenv(name)
     s = load_settings()
     assert (s.openai_base_url_internal, s.openai_api_key) == ("http://localhost:8000", "dummy-key")
-    assert (s.api_adapter_host, s.api_adapter_port) == ("0.0.0.0", 8080)
+    assert (s.api_adapter_host, s.api_adapter_port) == ("127.0.0.1", 8080)  # loopback unless told otherwise
     assert (s.stream_timeout, s.heartbeat_interval) == (120.0, 15.0)
     assert (s.max_conversation_history, s.max_tool_call_iterations, s.mcp_tool_refresh_interval) == (100, 25, 10.0)
     assert (s.log_level, s.log_file_path) == ("INFO", "./log/api_adapter.log")

@@ -76,7 +76,7 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def served(tmp_path: Any, backend_url: str, *args: str, **env: str) -> AsyncIterator[Served]:
+async def served(tmp_path: Any, backend_url: str, *args: str, **env: str | None) -> AsyncIterator[Served]:
     """`gateway serve ARGS` with its own settings (`env` on top of a test set-up), once it serves."""
     environ = {k: v for k, v in os.environ.items() if k.upper() not in _SETTINGS_VARIABLES | {"PROMETHEUS_MULTIPROC_DIR"}}
     environ.update(
@@ -88,6 +88,7 @@ async def served(tmp_path: Any, backend_url: str, *args: str, **env: str) -> Asy
         SQLITE_PATH=str(tmp_path / "responses.sqlite3"),
     )
     environ.update(env)
+    environ = {name: value for name, value in environ.items() if value is not None}  # (None: unset it)
     async with trio.open_nursery() as nursery:
         process: trio.Process = await nursery.start(
             functools.partial(

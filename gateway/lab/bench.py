@@ -184,10 +184,10 @@ async def _simulator(**options: Any) -> AsyncIterator[tuple[str, trio.Process]]:
 
 @contextlib.asynccontextmanager
 async def _gateway(
-    backend: str, *, workers: int = 1, heartbeat: float = 15.0, extra: dict[str, str] | None = None
+    backend: str, *, workers: int = 1, heartbeat: float = 15.0, extra: dict[str, str] | None = None, module: str = "gateway"
 ) -> AsyncIterator[tuple[str, trio.Process]]:
     port = _free_port()
-    args = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    args = [sys.executable, "-m", module, "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
     env = {
         "OPENAI_BASE_URL_INTERNAL": backend,
         "LOG_LEVEL": "WARNING",
@@ -357,6 +357,8 @@ async def run_bench(
         scenarios.append(_PathsScenario(bench))
     if only in ("all", "throughput", "paced"):
         scenarios.append(_PacedScenario(bench))
+    if only in ("all", "parsers"):
+        scenarios.append(_ParsersScenario(bench))
     if floors:
         scenarios.append(_FloorScenario(bench, latency))
     await _spread(bench, scenarios)
@@ -615,6 +617,55 @@ class Spread:
 
     def ms(self) -> str:
         return self.plain(2, "ms")
+
+
+PARSER_PATHS = (PATHS[0], PATHS[2], PATHS[3])  # SSE (the hot route), WebSocket, the byte relay
+
+
+class _ParsersScenario(_Scenario):
+    """The gateway's own connections with their own framing (llhttp, checked as strictly as h11)
+    against the same shell on h11 (`gateway.lab.h11framing`), on the SSE, WebSocket and relay
+    paths at c=50: CPU per response, interleaved round by round (README: which parser, and why)."""
+
+    name = "parsers (llhttp against h11)"
+
+    def __init__(self, bench: Bench, concurrency: int = 50) -> None:
+        super().__init__(bench)
+        self.concurrency = concurrency
+        self.runs: dict[tuple[str, str], list[LoadReport]] = {}
+
+    async def open(self, stack: contextlib.AsyncExitStack) -> None:
+        self.keys, env = await stack.enter_async_context(_keyed_store())
+        sim_url, _ = await stack.enter_async_context(_simulator(tokens=200))
+        self.gateways = {
+            "llhttp": await stack.enter_async_context(_gateway(sim_url, extra=env)),
+            "h11": await stack.enter_async_context(_gateway(sim_url, extra=env, module="gateway.lab.h11framing")),
+        }
+        for url, _ in self.gateways.values():
+            for path in PARSER_PATHS:
+                await _checked(path.name, run_load(path.config(url, 4, 1.0, self.keys, requests=40)))
+
+    async def round(self, round_: int) -> None:
+        for path in PARSER_PATHS:
+            for parser, (url, process) in self.gateways.items():
+                config = path.config(url, self.concurrency, self.bench.duration, self.keys)
+                report = await self.bench.load(f"parser-{parser}-{_slug(path.name)}-r{round_}", config, [process.pid])
+                self.runs.setdefault((parser, path.name), []).append(report)
+
+    def rows(self) -> None:
+        for path in PARSER_PATHS:
+            ours, theirs = self.runs[("llhttp", path.name)], self.runs[("h11", path.name)]
+            ratio = Spread([_cpu_ms(t) / _cpu_ms(o) if _cpu_ms(o) else 0.0 for o, t in zip(ours, theirs)])
+            self.bench.row(
+                f"{path.name}, 200-chunk burst, c={self.concurrency}: h11 framing against the gateway's own",
+                "CPU per response (h11 | llhttp)",
+                _cpu(theirs),
+                _cpu(ours),
+                f"{ratio.plain(2)}×",
+                "",
+                "",
+                figure=ratio,
+            )
 
 
 class _PacedScenario(_Scenario):
@@ -1207,11 +1258,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["all", "throughput", "latency", "paths", "paced", "floor", "shared", "disconnects", "heartbeats"],
+        choices=["all", "throughput", "latency", "paths", "paced", "floor", "parsers", "shared", "disconnects", "heartbeats"],
         default="all",
         help="one part: latency (first text delta added at c=1), paths (every path at c=1 and c=50), "
         "paced (50 streams a token per 20 ms, with its profile), floor (a bare trio relay on the paced load), "
-        "throughput (those four), shared (the cost of keys, limits and metrics), disconnects (how soon a client that "
+        "throughput (those four), parsers (the gateway's own framing against h11's, on SSE, WebSocket and the relay), "
+        "shared (the cost of keys, limits and metrics), disconnects (how soon a client that "
         "leaves is let go, on each transport), heartbeats",
     )
 

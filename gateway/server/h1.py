@@ -36,12 +36,16 @@ from __future__ import annotations
 
 import http
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httptools
 
 __all__ = [
     "END",
+    "FRAMING",
+    "Framing",
     "InvalidResponse",
     "Refusal",
     "Request",
@@ -519,3 +523,20 @@ def _as_bytes(value: Any) -> bytes:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     raise InvalidResponse(f"a header name or value of type {type(value).__name__}, not bytes")
+
+
+@dataclass(frozen=True)
+class Framing:
+    """What frames a plain connection's messages: a reader per connection (`reader(max_head)`),
+    a framer per response (`framer(reader, status, headers, version=, head_request=, keep_alive=)`).
+    The gateway's is `FRAMING`; the load lab swaps in h11's to compare them (`gateway.lab.h11framing`)."""
+
+    reader: Callable[[int], Any]
+    framer: Callable[..., Any]
+
+
+def _framer(reader: Any, status: Any, headers: Any, **how: Any) -> ResponseFramer:
+    return ResponseFramer(status, headers, **how)
+
+
+FRAMING = Framing(RequestReader, _framer)

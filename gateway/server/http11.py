@@ -57,7 +57,8 @@ import trio
 
 from ..errors import is_failure
 from . import ext
-from .h1 import END, InvalidResponse, Refusal, Request, RequestReader, ResponseFramer
+from . import h1
+from .h1 import END, InvalidResponse, Refusal, Request, ResponseFramer
 from .hangups import Hangups
 from .websocket import WebSocketExchange, asks_for_websocket
 
@@ -128,8 +129,10 @@ class PlainServer:
         date: Callable[[], bytes],
         hand_off: Callable[[trio.SocketStream, bytes], Awaitable[None]],
         hangups: Hangups | None,
+        framing: h1.Framing | None = None,
     ) -> None:
         self.app = app
+        self.framing = framing or h1.FRAMING  # (the load lab compares h11's: gateway.lab.h11framing)
         self.config = config  # keep_alive_timeout, keep_alive_max_requests (0 once draining), h11_max_incomplete_size, …
         self.state = state
         self.header_timeout = header_timeout
@@ -164,7 +167,7 @@ class _Connection:
         self.stream = stream
         self.sock = stream.socket
         self.fd = self.sock.fileno()
-        self.reader = RequestReader(int(server.config.h11_max_incomplete_size))
+        self.reader = server.framing.reader(int(server.config.h11_max_incomplete_size))
         self.events: collections.deque[Any] = collections.deque()  # what the reader said, not yet taken
         self.began: float | None = None  # when the head being read had its first byte
         self.opening: bytes | None = b""  # the first bytes, until they cannot be HTTP/2's preface
@@ -523,7 +526,7 @@ class _Exchange:
         self.complete = False
         self.replaced = False  # the app's response could not be framed: a 500 went instead
         self.head: bytes | None = None  # the response's head, until it leaves with the first body bytes
-        self.framer: ResponseFramer | None = None
+        self.framer: Any = None  # the response's framer (`h1.ResponseFramer`), once it started
         self.watch: trio.CancelScope | None = None  # a `receive` waiting for the client's end, while it waits
         self.left = False  # the client is gone (hung up, reset, or a write failed)
         self.on_leave: list[Callable[[], None]] | None = None  # what the app asked to be called then
@@ -693,7 +696,8 @@ class _Exchange:
             server = connection.server
             keep_alive = self.keep_alive and connection.requests < server.config.keep_alive_max_requests and not server.terminated
             try:
-                framer = self.framer = ResponseFramer(
+                framer = self.framer = server.framing.framer(
+                    connection.reader,
                     message["status"],
                     message.get("headers", ()),
                     version=self.request.version,
