@@ -441,7 +441,7 @@ class ResponseFramer:
     close`, its body ends with the close, or it sent too much or too little).
     """
 
-    __slots__ = ("head", "keep_alive", "chunked", "bodiless", "_left", "overrun", "short")
+    __slots__ = ("head", "keep_alive", "chunked", "bodiless", "plain_chunks", "_left", "overrun", "short")
 
     def __init__(self, status: Any, headers: Any, *, version: str, head_request: bool, keep_alive: bool) -> None:
         """Raises:
@@ -497,6 +497,8 @@ class ResponseFramer:
             self.keep_alive = False  # HTTP/1.0 with no length: the body ends with the connection
         if status in _NO_BODY_STATUS and not head_request:
             self._left = 0
+        # Chunks with no length to account: the shell may frame them itself (`body`'s rule).
+        self.plain_chunks = self.chunked and self._left is None and not self.bodiless
         self.head = b"".join(lines)
 
     def body(self, data: bytes, more: bool) -> bytes:

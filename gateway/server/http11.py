@@ -667,7 +667,13 @@ class _Exchange:
             if framer is None:
                 raise RuntimeError("a response body was sent before its start")
             more = message.get("more_body", False)
-            out = framer.body(message.get("body", b""), more)
+            if framer.plain_chunks:  # chunked with nothing to account: framed here, on every event's path
+                data = message.get("body", b"")
+                out = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+                if not more:
+                    out += b"0\r\n\r\n"
+            else:
+                out = framer.body(message.get("body", b""), more)
             head = self.head
             if head is not None:
                 out = head + out

@@ -58,9 +58,9 @@ class SSEDecoder:
         Raises:
             SSETooLarge: a limit was passed.
         """
-        if self._set_aside(chunk):
+        if self._buffer and self._set_aside(chunk):
             return []
-        buffer = self._joined(chunk)
+        buffer = self._joined(chunk) if self._more else self._buffer + chunk if self._buffer else chunk
         if self._at_start:
             if len(buffer) < 3 and b"\xef\xbb\xbf".startswith(buffer):
                 self._buffer = buffer  # may still be a byte order mark
@@ -118,7 +118,7 @@ class SSEDecoder:
 
     def _data_lines(self, chunk: bytes) -> list[bytes] | None:
         """`decode_data`'s hot path; None (nothing changed) where it does not apply."""
-        if self._set_aside(chunk):
+        if self._buffer and self._set_aside(chunk):
             return []
         if self._more:
             self._buffer = self._joined(b"")
