@@ -61,6 +61,7 @@ _FIELD_NAME = re.compile(_TOKEN)
 # RFC 9110 §5.5 field-value: visible characters and obs-text, with SP or HTAB only between them.
 _FIELD_VALUE = re.compile(rb"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?")
 _DIGITS = re.compile(rb"[0-9]{1,19}")
+_HEADER_LINES = re.compile(rb"(?:%b: (?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?\r\n)*" % _TOKEN)
 _OWS = b" \t"
 _TRANSFER_ENCODING = re.compile(rb"\r\ntransfer-encoding:([^\r\n]*)", re.IGNORECASE)
 _BARE_LF = re.compile(rb"(?<!\r)\n")
@@ -476,9 +477,13 @@ class ResponseFramer:
                     elif _FIELD_VALUE.fullmatch(value) is None:
                         raise InvalidResponse("a Connection header with bytes no header may carry")
                 continue  # (said below, as this server frames the response; `date` its own)
-            if _FIELD_NAME.fullmatch(name) is None or _FIELD_VALUE.fullmatch(value) is None:
-                raise InvalidResponse(f"the header {name[:40]!r} has bytes no header may carry")
             lines.append(b"%b: %b\r\n" % (name, value))
+        given = b"".join(lines[1:])
+        if given and (_HEADER_LINES.fullmatch(given) is None or given.count(b"\n") != len(lines) - 1):
+            # (one pass over every line the app gave, whose count of line ends says that no value
+            # held one; the culprit named only when there is one)
+            bad = next(line for line in lines[1:] if _HEADER_LINES.fullmatch(line) is None or line.count(b"\n") != 1)
+            raise InvalidResponse(f"the header {bad.partition(b':')[0][:40]!r} has bytes no header may carry")
         if status in _NO_BODY_STATUS:
             pass  # no body, and no framing header (RFC 9110 §8.6)
         elif coded and version == "1.1":
