@@ -113,6 +113,7 @@ class H11Framer:
         self.connection = reader.connection
         self.keep_alive = keep_alive
         self.overrun = self.short = False
+        self.plain_chunks = False  # (h11 frames every chunk itself)
         self.head_request = head_request
         own = [(bytes(n), bytes(v)) for n, v in headers if bytes(n).lower() not in (b"date", b"connection")]
         if not keep_alive:
