@@ -73,18 +73,33 @@ def _chunk(data: bytes) -> bytes:
 
 
 @dataclass
-class _Backend:
-    """The backend: what its next request gets, and when each request's connection closed."""
+class _Request:
+    """One chat request the backend answers: when it arrived, and when its connection closed."""
 
-    behaviour: str = "tokens"  # tokens | silent | one-then-silent | tool-call
     requested: trio.Event = field(default_factory=trio.Event)
     closed: trio.Event = field(default_factory=trio.Event)
     closed_at: float | None = None
+
+    def gone(self, scope: trio.CancelScope) -> None:
+        if self.closed_at is None:
+            self.closed_at = time.monotonic()  # the backend's own timestamp
+            self.closed.set()
+        scope.cancel()
+
+
+@dataclass
+class _Backend:
+    """The backend: what its next request gets, and (per request: a late wake-up of an earlier
+    one's tasks never counts for a later one) when that request's connection closed."""
+
+    behaviour: str = "tokens"  # tokens | silent | one-then-silent | tool-call
+    request: _Request = field(default_factory=_Request)
     url: str = ""
 
-    def reset(self, behaviour: str) -> None:
+    def reset(self, behaviour: str) -> _Request:
         self.behaviour = behaviour
-        self.requested, self.closed, self.closed_at = trio.Event(), trio.Event(), None
+        self.request = _Request()
+        return self.request
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -116,43 +131,37 @@ class _Backend:
                 if b'"role":"tool"' in body.replace(b" ", b""):
                     await stream.send_all(_SSE_HEAD + _chunk(_TOKEN + b"data: [DONE]\n\n") + b"0\r\n\r\n")
                     continue
-                self.requested.set()
+                request = self.request
+                request.requested.set()
                 if self.behaviour == "tool-call":  # a whole answer: the connection serves on
                     await stream.send_all(_SSE_HEAD + _chunk(_CALL) + b"0\r\n\r\n")
                     continue
-                await self._answer(stream)
+                await self._answer(stream, request, self.behaviour)
                 return
         finally:
             with contextlib.suppress(Exception):
                 await stream.aclose()
 
-    async def _answer(self, stream: trio.SocketStream) -> None:
+    async def _answer(self, stream: trio.SocketStream, request: _Request, behaviour: str) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._until_closed, stream, nursery.cancel_scope)
-            behaviour = self.behaviour
+            nursery.start_soon(self._until_closed, stream, request, nursery.cancel_scope)
             try:
                 if behaviour in ("tokens", "one-then-silent"):
                     await stream.send_all(_SSE_HEAD + _chunk(_TOKEN))
                 while behaviour == "tokens":
                     await stream.send_all(_chunk(_TOKEN * 4))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._gone(nursery.cancel_scope)  # (a write found the connection reset)
+                request.gone(nursery.cancel_scope)  # (a write found the connection reset)
                 return
             await trio.sleep_forever()
 
-    async def _until_closed(self, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
+    async def _until_closed(self, stream: trio.SocketStream, request: _Request, scope: trio.CancelScope) -> None:
         try:
             while await stream.receive_some():
                 pass
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
-        self._gone(scope)
-
-    def _gone(self, scope: trio.CancelScope) -> None:
-        if self.closed_at is None:
-            self.closed_at = time.monotonic()  # the backend's own timestamp
-            self.closed.set()
-        scope.cancel()
+        request.gone(scope)
 
 
 # --- clients ---------------------------------------------------------------------------------
@@ -369,21 +378,21 @@ async def measure(repeats: int = 20, progress: Callable[[str], None] = print) ->
 
 
 async def _one(url: str, backend: _Backend, watch: _Watch, client: _Client, behaviour: str, marker: bytes | None, streamed: bool) -> float:
-    backend.reset(behaviour)
+    request = backend.reset(behaviour)
     body = {"model": "m", "input": "hi", "stream": streamed}
     with trio.fail_after(30):
         await client.open(url, body)
         if behaviour == "tool-call":
             await watch.next("started")
         else:
-            await backend.requested.wait()
+            await request.requested.wait()
         if marker is not None:
             await client.read_until(marker)
         left_at = await client.leave()
         if behaviour == "tool-call":
             done_at = await watch.next("cancelled")
         else:
-            await backend.closed.wait()
-            assert backend.closed_at is not None
-            done_at = backend.closed_at
+            await request.closed.wait()
+            assert request.closed_at is not None
+            done_at = request.closed_at
     return (done_at - left_at) * 1000
