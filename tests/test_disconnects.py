@@ -28,20 +28,15 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import h2.config
-import h2.connection
-import h2.events
 import orjson
 import pytest
 import trio
 import trio.testing
-from wsproto import ConnectionType, WSConnection
-from wsproto.events import AcceptConnection, Request, TextMessage
 
 import gateway
 import gateway.responses
 from conftest import SequentialIds, make_settings
-from test_http_edges import connect
+from gateway.lab.disconnects import Client, Http1Client, Http2Client, WebSocketClient
 
 STUCK = 1.0  # real seconds every task may be blocked before the clock jumps (then the test fails)
 WATCHED_SERVER = pathlib.Path(__file__).parent / "fixtures" / "mcp_watched_server.py"
@@ -56,95 +51,20 @@ def request_body(model: str, **extra: Any) -> bytes:
     return orjson.dumps({"model": model, "input": "hi", "stream": True, **extra})
 
 
-# --- the clients, one per transport: send a request, read until a condition, then leave -------------
-
-
-class Client:
-    """A client that sends one request and reads what comes back (decoded to text) until told to leave."""
-
-    received = b""
-
-    async def open(self, url: str, body: bytes) -> None:
-        raise NotImplementedError
-
-    async def read_until(self, marker: bytes) -> None:
-        with trio.fail_after(60):
-            while marker not in self.received:
-                await self._read()
-
-    async def _read(self) -> None:
-        raise NotImplementedError
-
-    async def leave(self) -> None:
-        """Close the connection, nothing said (as a client that is killed or gives up does)."""
-        await self.stream.aclose()
-
-    stream: trio.SocketStream
-
-
-class Http1(Client):
-    async def open(self, url: str, body: bytes, path: bytes = b"/v1/responses", method: bytes = b"POST") -> None:
-        self.stream = await connect(url)
-        head = b"%b %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-        await self.stream.send_all(head % (method, path, len(body)) + body)
-
-    async def _read(self) -> None:
-        data = await self.stream.receive_some()
-        assert data, "the gateway closed the connection"
-        self.received += data
-
-
-class Http2(Client):
-    async def open(self, url: str, body: bytes, path: bytes = b"/v1/responses", method: bytes = b"POST") -> None:
-        self.stream = await connect(url)
-        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        self.h2.initiate_connection()
-        headers = [(b":method", method), (b":path", path), (b":scheme", b"http"), (b":authority", b"x"), (b"content-type", b"application/json")]
-        self.h2.send_headers(1, headers, end_stream=not body)
-        if body:
-            self.h2.send_data(1, body, end_stream=True)
-        await self.stream.send_all(self.h2.data_to_send())
-
-    async def _read(self) -> None:
-        data = await self.stream.receive_some()
-        assert data, "the gateway closed the connection"
-        for event in self.h2.receive_data(data):
-            if isinstance(event, h2.events.DataReceived):
-                self.received += event.data
-                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-        await self.stream.send_all(self.h2.data_to_send())
-
-
-class WebSocket(Client):
-    async def open(self, url: str, body: bytes, path: bytes = b"/v1/responses", method: bytes = b"POST") -> None:
-        self.stream = await connect(url)
-        self.ws = WSConnection(ConnectionType.CLIENT)
-        await self.stream.send_all(self.ws.send(Request(host="x", target="/v1/responses")))
-        accepted = False
-        while not accepted:
-            self.ws.receive_data(await self.stream.receive_some())
-            accepted = any(isinstance(event, AcceptConnection) for event in self.ws.events())
-        frame = {"type": "response.create", **orjson.loads(body)}
-        frame.pop("stream", None)
-        from wsproto.events import Message
-
-        await self.stream.send_all(self.ws.send(Message(data=orjson.dumps(frame).decode())))
-
-    async def _read(self) -> None:
-        data = await self.stream.receive_some()
-        assert data, "the gateway closed the connection"
-        self.ws.receive_data(data)
-        for event in self.ws.events():
-            if isinstance(event, TextMessage):
-                self.received += event.data.encode()
+# --- the clients, one per transport (the lab's): send a request, read until a marker, then leave --------
 
 
 TRANSPORTS: dict[str, tuple[type[Client], dict[str, Any]]] = {
-    "gateway http/1.1": (Http1, {}),
-    "hypercorn http/1.1": (Http1, {"http1_server": "hypercorn"}),
-    "http/2": (Http2, {}),
-    "websocket": (WebSocket, {}),
+    "gateway http/1.1": (Http1Client, {}),
+    "hypercorn http/1.1": (Http1Client, {"http1_server": "hypercorn"}),
+    "http/2": (Http2Client, {}),
+    "websocket": (WebSocketClient, {}),
 }
+
+
+async def read_until(client: Client, marker: bytes) -> None:
+    with trio.fail_after(60):
+        await client.read_until(marker)
 
 
 @contextlib.asynccontextmanager
@@ -185,7 +105,7 @@ async def test_a_client_that_leaves_a_stream_closes_the_backends_request_at_once
         with trio.fail_after(60):
             await backend.wait_for(lambda: bool(backend.chat_requests))
         if marker is not None:
-            await client.read_until(marker)
+            await read_until(client, marker)
         assert not backend.client_left.is_set()
         left_at = trio.current_time()
         await client.leave()
@@ -208,7 +128,7 @@ async def test_a_client_that_leaves_before_its_json_answer_closes_the_backends_r
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/messages"])
 async def test_a_client_that_leaves_a_chat_or_messages_stream_closes_the_backends_request_at_once(frozen, nursery, backend, route):
     async with gateway_on(nursery, backend) as url:
-        client = Http1()
+        client = Http1Client()
         body = {"model": "hang-before-headers", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
         if route == "/v1/messages":
             body["max_tokens"] = 10
@@ -255,7 +175,7 @@ async def test_a_client_that_leaves_during_an_mcp_tool_call_has_the_call_cancell
         client = kind()
         await client.open(url, request_body("mcp-slow"))
         await watched.wait_for("started")
-        await client.read_until(b"mcp_call.in_progress")
+        await read_until(client, b"mcp_call.in_progress")
         await client.leave()
         await leaves_at_once(frozen, functools.partial(watched.wait_for, "cancelled"))
 
@@ -284,12 +204,12 @@ async def test_a_client_that_leaves_a_followed_background_response_lets_go_of_it
         if how == "POST stream+background":
             await client.open(url, request_body("hang", background=True))
         else:
-            starter = Http1()
+            starter = Http1Client()
             await starter.open(url, orjson.dumps({"model": "hang", "input": "hi", "background": True}))
-            await starter.read_until(b'"queued"')
+            await read_until(starter, b'"queued"')
             response_id = orjson.loads(starter.received.partition(b"\r\n\r\n")[2])["id"]
             await client.open(url, b"", path=b"/v1/responses/%b?stream=true" % response_id.encode(), method=b"GET")
-        await client.read_until(b"Waiting")
+        await read_until(client, b"Waiting")
         await client.leave()
         await leaves_at_once(frozen, let_go.wait)
         assert not backend.client_left.is_set()  # the background response itself goes on

@@ -23,7 +23,7 @@ import trio
 import gateway
 from asgi_helpers import answer_lifespan
 from conftest import make_settings
-from test_http_differential import CORPUS, REFUSED, h11_reads
+from test_http_differential import CORPUS, REFUSED, body_read, h11_reads
 from test_http_edges import connect, read_until_closed
 from test_keys import ALICE, CAROL, key
 
@@ -44,15 +44,9 @@ def responses_in(data: bytes) -> tuple[list[tuple[int, dict[bytes, bytes], bytes
             break
         if not isinstance(head, h11.Response):
             break
-        body = b""
-        while True:
-            event = client.next_event()
-            if isinstance(event, h11.Data):
-                body += bytes(event.data)
-            elif isinstance(event, h11.EndOfMessage):
-                break
-            else:
-                return found, data  # an unfinished response
+        body = body_read(client)
+        if body is None:
+            return found, data  # an unfinished response
         found.append((head.status_code, {bytes(n): bytes(v) for n, v in head.headers}, body))
         data = bytes(client.trailing_data[0])
     return found, data

@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from typing import Any
 import orjson
 import trio
 
-__all__ = ["Figures", "measure"]
+__all__ = ["Client", "Figures", "Http1Client", "Http2Client", "WebSocketClient", "measure"]
 
 _TOKEN = b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok "},"finish_reason":null}]}\n\n'
 _CALL = (
@@ -167,13 +166,14 @@ class _Backend:
 # --- clients ---------------------------------------------------------------------------------
 
 
-class _Client:
-    """One stream: opened, read until `marker`, then left (its socket closed) at `left_at`."""
+class Client:
+    """One request, raw: opened, read until a marker, then left (its socket closed, nothing said,
+    as a client that is killed or gives up) at the moment `leave` returns."""
 
     received = b""
     stream: trio.SocketStream
 
-    async def open(self, url: str, body: dict[str, Any]) -> None:
+    async def open(self, url: str, body: bytes, path: bytes = b"/v1/responses", method: bytes = b"POST") -> None:
         raise NotImplementedError
 
     async def feed(self) -> None:
@@ -188,85 +188,85 @@ class _Client:
         await self.stream.aclose()
         return left_at
 
+    async def _more(self) -> bytes:
+        data = await self.stream.receive_some()
+        if not data:
+            raise trio.BrokenResourceError("the gateway closed the connection")
+        return data
+
 
 async def _connect(url: str) -> trio.SocketStream:
     host, port = url.removeprefix("http://").split(":")
     return await trio.open_tcp_stream(host, int(port))
 
 
-class _Http1(_Client):
-    async def open(self, url: str, body: dict[str, Any]) -> None:
+class Http1Client(Client):
+    async def open(self, url: str, body: bytes, path: bytes = b"/v1/responses", method: bytes = b"POST") -> None:
         self.stream = await _connect(url)
-        data = orjson.dumps(body)
-        await self.stream.send_all(
-            b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(data), data)
-        )
+        head = b"%b %b HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        await self.stream.send_all(head % (method, path, len(body)) + body)
 
     async def feed(self) -> None:
-        data = await self.stream.receive_some()
-        if not data:
-            raise trio.BrokenResourceError("the gateway closed the connection")
-        self.received += data
+        self.received += await self._more()
 
 
-class _Http2(_Client):
-    async def open(self, url: str, body: dict[str, Any]) -> None:
+class Http2Client(Client):
+    """HTTP/2 with prior knowledge (the gateway hands such a connection to hypercorn)."""
+
+    async def open(self, url: str, body: bytes, path: bytes = b"/v1/responses", method: bytes = b"POST") -> None:
         import h2.config
         import h2.connection
 
         self.stream = await _connect(url)
         self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         self.h2.initiate_connection()
-        headers = [(":method", "POST"), (":path", "/v1/responses"), (":scheme", "http"), (":authority", "x"), ("content-type", "application/json")]
-        self.h2.send_headers(1, headers)
-        self.h2.send_data(1, orjson.dumps(body), end_stream=True)
+        headers = [(b":method", method), (b":path", path), (b":scheme", b"http"), (b":authority", b"x"), (b"content-type", b"application/json")]
+        self.h2.send_headers(1, headers, end_stream=not body)
+        if body:
+            self.h2.send_data(1, body, end_stream=True)
         await self.stream.send_all(self.h2.data_to_send())
 
     async def feed(self) -> None:
         import h2.events
 
-        data = await self.stream.receive_some()
-        if not data:
-            raise trio.BrokenResourceError("the gateway closed the connection")
-        for event in self.h2.receive_data(data):
+        for event in self.h2.receive_data(await self._more()):
             if isinstance(event, h2.events.DataReceived):
                 self.received += event.data
                 self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         await self.stream.send_all(self.h2.data_to_send())
 
 
-class _WebSocket(_Client):
-    async def open(self, url: str, body: dict[str, Any]) -> None:
+class WebSocketClient(Client):
+    """WebSocket mode: the body (a create request) goes as one `response.create` frame."""
+
+    async def open(self, url: str, body: bytes, path: bytes = b"/v1/responses", method: bytes = b"POST") -> None:
         from wsproto import ConnectionType, WSConnection
         from wsproto.events import AcceptConnection, Message, Request
 
         self.stream = await _connect(url)
         self.ws = WSConnection(ConnectionType.CLIENT)
-        await self.stream.send_all(self.ws.send(Request(host="x", target="/v1/responses")))
+        await self.stream.send_all(self.ws.send(Request(host="x", target=path.decode())))
         accepted = False
         while not accepted:
-            self.ws.receive_data(await self.stream.receive_some())
+            self.ws.receive_data(await self._more())
             accepted = any(isinstance(event, AcceptConnection) for event in self.ws.events())
-        frame = {"type": "response.create", **{k: v for k, v in body.items() if k != "stream"}}
+        frame = {"type": "response.create", **{k: v for k, v in orjson.loads(body).items() if k != "stream"}}
         await self.stream.send_all(self.ws.send(Message(data=orjson.dumps(frame).decode())))
 
     async def feed(self) -> None:
         from wsproto.events import TextMessage
 
-        data = await self.stream.receive_some()
-        if not data:
-            raise trio.BrokenResourceError("the gateway closed the connection")
-        self.ws.receive_data(data)
+        self.ws.receive_data(await self._more())
         for event in self.ws.events():
             if isinstance(event, TextMessage):
                 self.received += event.data.encode()
 
 
-TRANSPORTS: dict[str, tuple[type[_Client], str]] = {
-    "gateway HTTP/1.1": (_Http1, "gateway"),
-    "hypercorn HTTP/1.1": (_Http1, "hypercorn"),
-    "HTTP/2 (hypercorn)": (_Http2, "gateway"),
-    "WebSocket": (_WebSocket, "gateway"),
+TRANSPORTS: dict[str, tuple[type[Client], str]] = {
+    "gateway HTTP/1.1": (Http1Client, "gateway"),
+    "hypercorn HTTP/1.1": (Http1Client, "hypercorn"),
+    "HTTP/2 (hypercorn)": (Http2Client, "gateway"),
+    "WebSocket": (WebSocketClient, "gateway"),
 }
 # what the backend does, what the client waits to read before it leaves, and whether it streams
 PHASES: dict[str, tuple[str, bytes | None, bool]] = {
@@ -318,11 +318,10 @@ class _Watch:
 
 @contextlib.asynccontextmanager
 async def _gateway_process(backend: str, server: str, mcp_config: str) -> AsyncIterator[str]:
-    from .bench import _free_port, _wait_healthy
+    from .bench import _free_port, _process
 
     port = _free_port()
     env = {
-        **os.environ,
         "OPENAI_BASE_URL_INTERNAL": backend,
         "HTTP1_SERVER": server,
         "LOG_LEVEL": "WARNING",
@@ -332,18 +331,9 @@ async def _gateway_process(backend: str, server: str, mcp_config: str) -> AsyncI
         "STREAM_TIMEOUT": "300",
     }
     args = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    process = await trio.lowlevel.open_process(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    try:
-        await _wait_healthy(url, process)
+    async with _process(args, url, env):
         yield url
-    finally:
-        with trio.CancelScope(shield=True):
-            process.terminate()
-            with trio.move_on_after(10):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
 
 
 async def measure(repeats: int = 20, progress: Callable[[str], None] = print) -> Figures:
@@ -377,11 +367,10 @@ async def measure(repeats: int = 20, progress: Callable[[str], None] = print) ->
     return figures
 
 
-async def _one(url: str, backend: _Backend, watch: _Watch, client: _Client, behaviour: str, marker: bytes | None, streamed: bool) -> float:
+async def _one(url: str, backend: _Backend, watch: _Watch, client: Client, behaviour: str, marker: bytes | None, streamed: bool) -> float:
     request = backend.reset(behaviour)
-    body = {"model": "m", "input": "hi", "stream": streamed}
     with trio.fail_after(30):
-        await client.open(url, body)
+        await client.open(url, orjson.dumps({"model": "m", "input": "hi", "stream": streamed}))
         if behaviour == "tool-call":
             await watch.next("started")
         else:
