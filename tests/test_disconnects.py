@@ -113,6 +113,19 @@ async def test_a_client_that_leaves_a_stream_closes_the_backends_request_at_once
         assert backend.client_left_at == left_at
 
 
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+async def test_a_client_that_leaves_in_the_first_moment_has_the_backends_request_closed_at_once(frozen, nursery, backend, transport):
+    # Gone as soon as its request is sent: the turn has begun its backend request by the time the
+    # gateway hears of it (it begins that first), and closes it then.
+    kind, overrides = TRANSPORTS[transport]
+    async with gateway_on(nursery, backend, **overrides) as url:
+        client = kind()
+        await client.open(url, request_body("hang-before-headers"))
+        await client.leave()
+        await leaves_at_once(frozen, backend.client_left.wait)
+        assert len(backend.chat_requests) == 1
+
+
 @pytest.mark.parametrize("transport", ["gateway http/1.1", "hypercorn http/1.1", "http/2"])
 async def test_a_client_that_leaves_before_its_json_answer_closes_the_backends_request_at_once(frozen, nursery, backend, transport):
     kind, overrides = TRANSPORTS[transport]

@@ -138,3 +138,16 @@ def test_every_setting_is_in_the_configuration_table():
     text = README.read_text()
     missing = [name.upper() for name in Settings.model_fields if f"`{name.upper()}`" not in text]
     assert missing == []
+
+
+def test_the_readme_says_where_the_design_card_is_left_and_why():
+    text = README.read_text()
+    section = text[text.index("### The HTTP server") : text.index("## Endpoints")]
+    # The gateway's own HTTP/1.1 server by default, how to run under hypercorn and what that loses,
+    # and the heartbeat wheel, each with its measured reason.
+    assert "Plain HTTP/1.1 is the gateway's own server by default" in section
+    assert "hypercorn -k trio gateway.asgi:app" in section and "it loses" in section
+    assert "Heartbeats come from one timer wheel per process" in section and "gateway.lab.tickers" in section
+    assert "ms" in section.split("Heartbeats come from one timer wheel per process", 1)[1][:600]
+    # and the card's promises kept: every disconnect at once, with the figure
+    assert "let go at once" in section and "0.18" in text
