@@ -21,7 +21,17 @@ from dataclasses import dataclass
 
 import orjson
 
-__all__ = ["SSEDecoder", "SSEEvent", "SSETooLarge", "encode_comment", "encode_done", "encode_event", "event_json"]
+__all__ = [
+    "OBFUSCATED",
+    "SSEDecoder",
+    "SSEEvent",
+    "SSETooLarge",
+    "encode_comment",
+    "encode_done",
+    "encode_event",
+    "event_json",
+    "obfuscated",
+]
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
@@ -259,3 +269,31 @@ def encode_comment(text: str = "keep-alive") -> bytes:
 
 def encode_done() -> bytes:
     return b"data: [DONE]\n\n"
+
+
+# The delta events that carry `obfuscation` when a stream asks for it (`stream_options.include_obfuscation`).
+OBFUSCATED = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning.delta",
+        "response.reasoning_summary_text.delta",
+        "response.function_call_arguments.delta",
+    }
+)
+_PAD_TO = 32  # a delta and its padding together fill a multiple of this many characters
+_PAD_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def obfuscated(event: dict, noise: bytes) -> dict:
+    """`event` with an `obfuscation` field, if it is a delta event: characters drawn from
+    `noise` (random bytes, at least `_PAD_TO` of them) padding its delta to the next multiple of
+    `_PAD_TO` characters (one to `_PAD_TO` of them), so that the event's size says less of the
+    text.  A copy: the event as kept (stored, replayed) is unchanged.  Pure: the caller brings the
+    randomness."""
+    if event.get("type") not in OBFUSCATED:
+        return event
+    delta = event.get("delta")
+    size = _PAD_TO - (len(delta) % _PAD_TO if isinstance(delta, str) else 0)
+    pad = bytes(_PAD_ALPHABET[b % len(_PAD_ALPHABET)] for b in noise[:size]).decode("ascii")
+    return {**event, "obfuscation": pad}

@@ -20,6 +20,7 @@ into bytes and decide nothing about the protocol.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
@@ -29,7 +30,7 @@ import trio
 
 from ..render import Dialect, answer
 from ..observe import Telemetry
-from ..streams.sse import encode_comment, encode_done, encode_event
+from ..streams.sse import OBFUSCATED, encode_comment, encode_done, encode_event, obfuscated
 from ..turn import Turn
 from ..turn.chat import ChatTurn
 from .heartbeats import Heartbeats, Ticket
@@ -340,7 +341,15 @@ class TurnEventStream(TurnStream):
         async def emit(events: list[dict[str, Any]]) -> None:
             await send_soon(out, b"".join([encode_event(event) for event in events]))
 
-        await self.turn.run(emit)
+        async def emit_obfuscated(events: list[dict[str, Any]]) -> None:
+            # (padded as they are written: the turn keeps, stores and replays them unpadded)
+            chunk = b"".join(
+                [encode_event(obfuscated(e, os.urandom(32)) if e["type"] in OBFUSCATED else e) for e in events]
+            )
+            await send_soon(out, chunk)
+
+        options = self.turn.req.stream_options
+        await self.turn.run(emit_obfuscated if options is not None and options.include_obfuscation else emit)
         await out.send(encode_done())
 
     def keep_alive(self) -> bytes:

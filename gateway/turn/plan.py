@@ -146,7 +146,7 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField("metadata", "echoed", "echoed and stored; not sent to the backend"),
     RequestField("store", "done", "`false` keeps nothing (no `GET`, no `previous_response_id` to it); echoed"),
     RequestField("stream", "done", "`true`: server-sent events; otherwise one JSON answer (the backend is always streamed)"),
-    RequestField("stream_options.include_obfuscation", "refused", "`true`: the gateway never pads streamed deltas with `obfuscation`; `false` says just that", allowed=(False,)),
+    RequestField("stream_options.include_obfuscation", "done", "`true`: each streamed delta event (output text, reasoning, reasoning summary, function call arguments) carries an `obfuscation` field of random characters that pads its payload, as OpenAI's do; absent or `false`: none (OpenAI pads by default; the gateway, usually a local hop, pads only when asked)"),
     RequestField("background", "done", "run by the gateway's background runner: `queued` at once, then poll, follow or cancel it; echoed"),
     RequestField("background_options", "done", "a background response starts at once, which meets every `completion_window`; `continuation_id` has nothing to order"),
     RequestField("truncation", "refused", "`auto`: the gateway knows neither the backend's context window nor its tokenizer, so it cannot drop items to fit; `disabled` (the default, echoed) is what happens: too long an input gets the backend's 400", allowed=("disabled",)),
