@@ -247,6 +247,19 @@ SCENARIOS: dict[str, list[Any]] = {
         b"[DONE]",
     ],
     "tokens-forever": [chunk({"role": "assistant", "content": ""}), TOKENS_FOREVER],
+    # usage with the prompt tokens the backend had cached: OpenAI's way, and llama.cpp's `timings`
+    "cached-prompt": [
+        chunk({"content": "Hi"}),
+        chunk(finish="stop"),
+        {**usage_chunk(), "usage": {"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42, "prompt_tokens_details": {"cached_tokens": 32}}},
+        b"[DONE]",
+    ],
+    "llamacpp-cached-prompt": [
+        chunk({"content": "Hi"}),
+        chunk(finish="stop"),
+        {**usage_chunk(), "usage": {"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42}, "timings": {"cache_n": 30, "prompt_n": 10}},
+        b"[DONE]",
+    ],
     "slow-first-token": [
         WAIT_RELEASE,
         chunk({"content": "Finally"}),

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import error_fields
 from .chunks import DONE
 from .session import ENDED_EARLY, tool_exchange
-from .translator import RoundCall, chunk_problem, sum_usage
+from .translator import RoundCall, chunk_problem, chunk_usage, sum_usage
 
 __all__ = ["ChatSession", "RoundFilter", "collect_chat_completion"]
 
@@ -43,7 +43,7 @@ class RoundFilter:
         if not self.template:
             self.template = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
         if chunk.get("usage"):
-            self.usage = chunk["usage"]
+            self.usage = chunk_usage(chunk)
         choices = chunk.get("choices") or []
         if not choices:
             return None
@@ -251,7 +251,7 @@ def collect_chat_completion(chunks: list[Chunk]) -> dict[str, Any]:
     for chunk in chunks:
         template.update({k: chunk[k] for k in ("id", "created", "model") if k in chunk})
         if chunk.get("usage"):
-            usage = chunk["usage"]
+            usage = chunk_usage(chunk)
         for choice in chunk.get("choices") or ():
             finish = choice.get("finish_reason") or finish
             delta = choice.get("delta") or {}

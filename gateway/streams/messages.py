@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import anthropic_error_body
 from .chat_session import ChatSession
-from .translator import RoundCall
+from .translator import RoundCall, chunk_usage
 
 __all__ = ["MessagesEvents", "MessagesSession", "STOP_REASONS", "collect_message"]
 
@@ -81,7 +81,7 @@ class MessagesEvents:
         if self.over:
             return []
         events = self.start()
-        usage = chunk.get("usage")
+        usage = chunk_usage(chunk)
         if usage:
             self._usage = usage
         for choice in chunk.get("choices") or ():

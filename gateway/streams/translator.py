@@ -41,6 +41,7 @@ import orjson
 from ..errors import error_fields
 
 __all__ = [
+    "chunk_usage",
     "TERMINAL_EVENTS",
     "Round",
     "ResponseTranslator",
@@ -83,6 +84,23 @@ class Round:
 
     calls: list[RoundCall]
     text: str
+
+
+def chunk_usage(chunk: Mapping[str, Any]) -> Any:
+    """A chunk's `usage`, with the prompt tokens the backend had cached as OpenAI reports them
+    (`prompt_tokens_details.cached_tokens`): llama.cpp says so in its own `timings.cache_n`
+    beside the usage when it does not fill the details."""
+    usage = chunk.get("usage")
+    timings = chunk.get("timings")
+    if not usage or not isinstance(usage, Mapping) or not isinstance(timings, Mapping):
+        return usage
+    cached = timings.get("cache_n")
+    details = usage.get("prompt_tokens_details")
+    if not isinstance(cached, int) or isinstance(cached, bool) or cached <= 0:
+        return usage
+    if isinstance(details, Mapping) and _int(details.get("cached_tokens")):
+        return usage
+    return {**usage, "prompt_tokens_details": {**(details if isinstance(details, Mapping) else {}), "cached_tokens": cached}}
 
 
 def sum_usage(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -587,7 +605,7 @@ class ResponseTranslator:
                 code or "backend_stream_error", message or "the backend reported an error", type=type_ or "server_error"
             )
             return events
-        usage = chunk.get("usage")
+        usage = chunk_usage(chunk)
         if usage:
             self._usage = usage
         choices = chunk.get("choices")
