@@ -421,3 +421,41 @@ def test_mapped_to_chat_and_back_by_the_anthropic_adapter_a_conversation_is_what
     back = messages_request(chat_request(parsed(request)))
     assert back.get("system") == system
     assert _normal(back["messages"]) == _normal(messages)
+
+
+# --- a prefix the backend can cache ------------------------------------------------------------
+
+
+def _claude_code(billing: str) -> dict[str, Any]:
+    recorded = json.loads((FIXTURES / "request_tool_turn.json").read_text())
+    body = recorded.get("body", recorded)
+    system = [dict(block) for block in body["system"]]
+    system[0]["text"] = f"x-anthropic-billing-header: cc_version=2.1.332.{billing}; cc_entrypoint=sdk-cli;"
+    return {**body, "system": system}
+
+
+def test_claude_codes_billing_header_is_left_out_so_two_requests_of_a_session_share_their_prefix():
+    first, second = (chat_request(parse_messages_request(orjson.dumps(_claude_code(suffix)))) for suffix in ("a18", "bf1"))
+    system = first["messages"][0]
+    assert system["role"] == "system" and "x-anthropic-billing-header" not in system["content"]
+    assert system["content"].startswith("You are a Claude agent")  # the instructions that follow keep their place
+    assert first["messages"] == second["messages"] and first["tools"] == second["tools"]
+
+
+def test_an_anthropic_backend_still_gets_the_billing_header_untouched():
+    body = _claude_code("a18")
+    assert native_body(parse_messages_request(orjson.dumps(body)))["system"][0]["text"].startswith("x-anthropic-billing-header:")
+
+
+@pytest.mark.parametrize(
+    "system, expected",
+    [
+        ("x-anthropic-billing-header: cc_version=1.2.3.abc;\nYou are helpful.", "You are helpful."),
+        ("You are helpful. x-anthropic-billing-header: is quoted here.", "You are helpful. x-anthropic-billing-header: is quoted here."),
+        ([{"type": "text", "text": "x-anthropic-billing-header: cc_version=1; with\nmore lines"}], "x-anthropic-billing-header: cc_version=1; with\nmore lines"),
+    ],
+    ids=["a leading line of a string", "only at the start", "a block of several lines is instructions"],
+)
+def test_only_a_leading_billing_line_or_block_is_left_out(system, expected):
+    body = {"model": "m", "max_tokens": 5, "system": system, "messages": [{"role": "user", "content": "hi"}]}
+    assert chat_request(parse_messages_request(orjson.dumps(body)))["messages"][0]["content"] == expected

@@ -10,7 +10,13 @@
 
 What Chat Completions cannot hold is left out of the chat request without
 changing what the model is asked: `cache_control`, tool schemas' `$schema`,
-Anthropic's own server tools and their blocks, redacted thinking.  What it
+Anthropic's own server tools and their blocks, redacted thinking.  So is
+what changes from one request to the next and means nothing to the model:
+Claude Code's `x-anthropic-billing-header` system block (its suffix changes
+between requests of one session), which at the head of the prompt made every
+prefix-caching backend (llama.cpp, vLLM, SGLang, Ollama) compute the whole
+prompt again each time.  An Anthropic backend gets it untouched (it bills
+with it).  What it
 can hold keeps its place: system prompts (also in the middle of the
 conversation), tool results right after their calls with `is_error` shown
 to the model, images, text and PDF documents.
@@ -20,6 +26,7 @@ Pure: no I/O, no clock; knows the two wire shapes and nothing of backends.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -239,12 +246,28 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
 
 
 def _text(content: Any) -> str:
-    """A system prompt's text: a string, or its text blocks joined by a blank line."""
+    """A system prompt's text: a string, or its text blocks joined by a blank line (less what
+    only varies per request: `_volatile`)."""
     if isinstance(content, str):
-        return content
+        return _BILLING_LINE.sub("", content, count=1) if content.startswith(_BILLING) else content
     if isinstance(content, list):
-        return "\n\n".join(block["text"] for block in content if isinstance(block, dict) and block.get("type") == "text")
+        return "\n\n".join(
+            block["text"]
+            for block in content
+            if isinstance(block, dict) and block.get("type") == "text" and not _volatile(block["text"])
+        )
     return ""
+
+
+# Claude Code's first system block: `x-anthropic-billing-header: cc_version=2.1.332.a18;
+# cc_entrypoint=sdk-cli;`, its suffix different from request to request.
+_BILLING = "x-anthropic-billing-header:"
+_BILLING_LINE = re.compile(r"x-anthropic-billing-header:[^\n]*\n*")
+
+
+def _volatile(text: Any) -> bool:
+    """Text that differs per request and says nothing to the model (a client's billing header)."""
+    return isinstance(text, str) and text.startswith(_BILLING) and "\n" not in text.strip()
 
 
 # --- tools ------------------------------------------------------------------------------
