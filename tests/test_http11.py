@@ -4,7 +4,7 @@ What a plain connection must do that the other tests do not already show
 through clients: pipelined requests in order, `Expect: 100-continue`, a
 chunked upload, HEAD, refusals in OpenAI's shape, and the connections it
 hands to hypercorn part-way (HTTP/2 with prior knowledge) with not a byte
-lost.  Its WebSockets: test_http11_websocket.py.
+lost.  Its WebSockets: test_http11_websocket.py; its strictness: test_http_strict.py and test_http_differential.py.
 """
 
 from __future__ import annotations

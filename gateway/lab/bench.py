@@ -962,7 +962,7 @@ _LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("upstream read (httptools, SSE and JSON decoding)", ("backends/", "streams/chunks.py", "streams/sse.py")),
     ("translation (translator, session, turn)", ("streams/", "turn/")),
     ("store (record, SQLite)", ("store/", "sqlite3", "zstandard")),
-    ("client write (body loop, the HTTP server, quart)", ("transport/", "gateway/http11.py", "gateway/app.py:_send_response", "quart", "hypercorn", "h11", "wsproto")),
+    ("client write (body loop, the HTTP server, quart)", ("transport/", "gateway/server/", "gateway/app.py:_send_response", "quart", "hypercorn", "h11", "wsproto")),
     ("request handling (edge, parse, keys, metrics)", ("gateway/", "werkzeug", "pydantic", "prometheus_client", "opentelemetry")),
 ]
 _SCHEDULER = "trio's scheduler and I/O polling"
@@ -974,7 +974,7 @@ def _layer_of(frames: list[str]) -> str:
         path = where.rsplit(":", 1)[0]
         if "trio/" in path or path.startswith("<"):
             continue
-        if path.endswith(("gateway/server.py", "gateway/cli.py", "gateway/__main__.py")):
+        if path.endswith(("gateway/server/loop.py", "gateway/server/workers.py", "gateway/serving.py", "gateway/cli.py", "gateway/__main__.py")):
             return _SCHEDULER  # the run loop itself, below every task
         for layer, marks in _LAYERS:
             for mark in marks:
