@@ -22,8 +22,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
-import pathlib
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -36,10 +34,9 @@ import trio.testing
 import gateway
 import gateway.responses
 from conftest import SequentialIds, make_settings
-from gateway.lab.disconnects import Client, Http1Client, Http2Client, WebSocketClient
+from gateway.lab.disconnects import MCP_SERVER, Client, Http1Client, Http2Client, WebSocketClient, Watched
 
 STUCK = 1.0  # real seconds every task may be blocked before the clock jumps (then the test fails)
-WATCHED_SERVER = pathlib.Path(__file__).parent / "fixtures" / "mcp_watched_server.py"
 
 
 @pytest.fixture
@@ -155,42 +152,23 @@ async def test_a_client_that_leaves_a_chat_or_messages_stream_closes_the_backend
 # --- an MCP tool call cancelled ----------------------------------------------------------------------
 
 
-class Watched:
-    """What the watched MCP server says through its FIFO."""
-
-    def __init__(self, path: pathlib.Path) -> None:
-        os.mkfifo(path)
-        # Read and write (Linux allows it on a FIFO): with a writer always there, a read waits
-        # for the server's lines rather than seeing the end of a FIFO nobody has opened yet.
-        self._stream = trio.lowlevel.FdStream(os.open(path, os.O_RDWR | os.O_NONBLOCK))
-        self.lines: list[str] = []
-        self._buffer = b""
-
-    async def wait_for(self, word: str) -> float:
-        with trio.fail_after(60):
-            while True:
-                for line in self.lines:
-                    if line.startswith(word):
-                        return float(line.split()[1])
-                self._buffer += await self._stream.receive_some()
-                *whole, self._buffer = self._buffer.split(b"\n")
-                self.lines += [line.decode() for line in whole]
-
-
 @pytest.mark.parametrize("transport", list(TRANSPORTS))
 async def test_a_client_that_leaves_during_an_mcp_tool_call_has_the_call_cancelled_at_once(frozen, nursery, backend, tmp_path, transport):
     kind, overrides = TRANSPORTS[transport]
-    watched = Watched(tmp_path / "watch.fifo")
+    # The lab's MCP server, whose `slow` tool says through a FIFO when it starts and is cancelled.
+    watched = Watched(str(tmp_path / "watch.fifo"))
+    (tmp_path / "mcp_server.py").write_text(MCP_SERVER)
     config = tmp_path / "mcp.json"
-    server = {"command": sys.executable, "args": [str(WATCHED_SERVER)], "env": {"WATCH_FIFO": str(tmp_path / "watch.fifo")}}
+    server = {"command": sys.executable, "args": [str(tmp_path / "mcp_server.py")], "env": {"WATCH_FIFO": str(tmp_path / "watch.fifo")}}
     config.write_text(json.dumps({"mcpServers": {"watched": server}}))
     async with gateway_on(nursery, backend, mcp_servers_config_path=str(config), **overrides) as url:
         client = kind()
         await client.open(url, request_body("mcp-slow"))
-        await watched.wait_for("started")
+        with trio.fail_after(60):
+            await watched.next("started")
         await read_until(client, b"mcp_call.in_progress")
         await client.leave()
-        await leaves_at_once(frozen, functools.partial(watched.wait_for, "cancelled"))
+        await leaves_at_once(frozen, functools.partial(watched.next, "cancelled"))
 
 
 # --- a background response followed ------------------------------------------------------------

@@ -28,12 +28,11 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 import trio
 
-__all__ = ["Client", "Figures", "Http1Client", "Http2Client", "WebSocketClient", "measure"]
+__all__ = ["MCP_SERVER", "Client", "Figures", "Http1Client", "Http2Client", "WebSocketClient", "Watched", "measure"]
 
 _TOKEN = b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok "},"finish_reason":null}]}\n\n'
 _CALL = (
@@ -292,8 +291,9 @@ class Figures:
         return [(t, p, statistics.median(v), max(v)) for (t, p), v in self.samples.items()]
 
 
-class _Watch:
-    """The watched MCP server's FIFO, read as lines."""
+class Watched:
+    """What the watched MCP server (`MCP_SERVER`) says through its FIFO: `next(word)` waits for
+    its next line that begins so and returns the time on it (CLOCK_MONOTONIC)."""
 
     def __init__(self, path: str) -> None:
         os.mkfifo(path)
@@ -345,7 +345,7 @@ async def measure(repeats: int = 20, progress: Callable[[str], None] = print) ->
         with open(server_file, "w") as file:
             file.write(MCP_SERVER)
         fifo = os.path.join(folder, "watch.fifo")
-        watch = _Watch(fifo)
+        watch = Watched(fifo)
         mcp_config = os.path.join(folder, "mcp.json")
         with open(mcp_config, "w") as file:
             json.dump({"mcpServers": {"watched": {"command": sys.executable, "args": [server_file], "env": {"WATCH_FIFO": fifo}}}}, file)
@@ -367,7 +367,7 @@ async def measure(repeats: int = 20, progress: Callable[[str], None] = print) ->
     return figures
 
 
-async def _one(url: str, backend: _Backend, watch: _Watch, client: Client, behaviour: str, marker: bytes | None, streamed: bool) -> float:
+async def _one(url: str, backend: _Backend, watch: Watched, client: Client, behaviour: str, marker: bytes | None, streamed: bool) -> float:
     request = backend.reset(behaviour)
     with trio.fail_after(30):
         await client.open(url, orjson.dumps({"model": "m", "input": "hi", "stream": streamed}))

@@ -57,7 +57,6 @@ __all__ = [
 _TOKEN = rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+"
 # RFC 9112 §3: method SP request-target SP HTTP-version; h11 takes any visible ASCII as the target.
 _REQUEST_LINE = re.compile(rb"(%b) ([\x21-\x7e]+) HTTP/([0-9]\.[0-9])" % _TOKEN)
-_FIELD_NAME = re.compile(_TOKEN)
 # RFC 9110 §5.5 field-value: visible characters and obs-text, with SP or HTAB only between them.
 _FIELD_VALUE = re.compile(rb"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?")
 _DIGITS = re.compile(rb"[0-9]{1,19}")

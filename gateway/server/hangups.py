@@ -60,10 +60,6 @@ class Hangups:
             with contextlib.suppress(OSError):
                 self._epoll.unregister(fd)
 
-    @property
-    def watching(self) -> int:
-        return len(self._watched)
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Call back the clients that hang up, until cancelled; the set is closed then."""
         epoll, watched = self._epoll, self._watched

@@ -47,6 +47,7 @@ import http
 import logging
 import os
 import socket
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import unquote
@@ -62,7 +63,7 @@ from .h1 import END, InvalidResponse, Refusal, Request, ResponseFramer
 from .hangups import Hangups
 from .websocket import WebSocketExchange, asks_for_websocket
 
-__all__ = ["PlainServer", "acquire", "request_target"]
+__all__ = ["DIRECT_WRITES", "PlainServer", "acquire", "request_target"]
 
 log = logging.getLogger("gateway")
 
@@ -79,6 +80,7 @@ _RESET = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # SO_LINGER on, 0 s: close() sends
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _ASGI = {"spec_version": "2.1", "version": "3.0"}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+DIRECT_WRITES = sys.platform != "win32"  # os.write() on a socket is a POSIX thing (this server needs it)
 
 
 async def acquire(lock: trio.Lock) -> None:

@@ -32,7 +32,6 @@ import math
 import os
 import socket
 import struct
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -52,6 +51,7 @@ from hypercorn.utils import LifespanFailureError, ShutdownError, raise_shutdown,
 from ..config import Settings
 from ..errors import is_failure
 from . import ext
+from .http11 import DIRECT_WRITES, acquire
 
 __all__ = [
     "TOUCHED",
@@ -94,7 +94,6 @@ TOUCHED = {
 
 _SEND_408_WITHIN = 1.0  # seconds; the 408 is a courtesy to a client that is already too slow
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset and frees the buffers
-_DIRECT_WRITES = sys.platform != "win32"  # os.write() on a socket is a POSIX thing
 
 
 class GatewayConfig(Config):
@@ -258,13 +257,6 @@ class _Replayed(trio.abc.HalfCloseableStream):
         await self.stream.aclose()
 
 
-async def _acquire(lock: trio.Lock) -> None:
-    try:
-        lock.acquire_nowait()
-    except trio.WouldBlock:
-        await lock.acquire()
-
-
 class _GatewayTCPServer(TCPServer):
     """hypercorn's connection handler, with a deadline for each request's line and headers,
     a bound on writes that make no progress, and no wait once the client has closed.
@@ -336,11 +328,11 @@ class _GatewayTCPServer(TCPServer):
         # response), but bounded by progress, so a slow reader is cut only when it stops.
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled sender writes nothing (no yield otherwise)
         lock = self.send_lock
-        await _acquire(lock)
+        await acquire(lock)
         try:
             socket_ = self.stream.socket
             sent = 0
-            if _DIRECT_WRITES:
+            if DIRECT_WRITES:
                 try:
                     sent = os.write(socket_.fileno(), data)
                 except BlockingIOError:

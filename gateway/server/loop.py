@@ -50,7 +50,7 @@ import trio
 from ..config import ConfigError, Settings
 from ..errors import is_failure
 from .hangups import Hangups
-from .http11 import PlainServer
+from .http11 import DIRECT_WRITES, PlainServer
 from .hypercorn import (
     Config,
     GatewayConfig,
@@ -327,7 +327,7 @@ async def _serve_connections(
     plain: PlainServer | None = None
     handler: Callable[[trio.SocketStream], Awaitable[None]] = hypercorn_serve
     hangups: Hangups | None = None
-    if settings.http1_server == "gateway" and _DIRECT_WRITES:
+    if settings.http1_server == "gateway" and DIRECT_WRITES:
         hangups = Hangups.open()  # (None where the platform has no epoll: the app then reads)
         plain = PlainServer(
             app,
@@ -427,5 +427,3 @@ class _OpenConnections:
     async def wait_none(self) -> None:
         await self._none.wait()
 
-
-_DIRECT_WRITES = hasattr(socket, "AF_UNIX")  # os.write() on a socket is a POSIX thing (the plain server needs it)

@@ -18,7 +18,6 @@ import functools
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import trio
 from quart import Response
 from quart_trio.asgi import TrioASGIHTTPConnection
 
