@@ -273,6 +273,16 @@ async def test_a_close_before_the_accept_refuses_with_403(nursery):
     assert isinstance(refused, RejectConnection) and refused.status_code == 403
 
 
+@pytest.mark.parametrize("headers", [[(b"x-echo", b"a\r\nSet-Cookie: stolen=1")], [(b"bad name", b"v")]], ids=["CRLF in a value", "a name that is no token"])
+async def test_an_accept_whose_headers_no_response_may_carry_is_a_500_not_a_101(nursery, headers):
+    async def handler(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "websocket.accept", "headers": headers})
+        await send({"type": "websocket.send", "text": "never sent"})
+
+    raw, refused = await open_socket(await _bare_socket(nursery, handler))
+    assert isinstance(refused, RejectConnection) and refused.status_code == 500
+
+
 async def test_an_app_that_returns_without_answering_is_a_500_and_one_that_fails_after_the_accept_closes_with_1011(nursery):
     async def silent(scope: Any, receive: Any, send: Any) -> None:
         pass

@@ -51,6 +51,7 @@ __all__ = [
     "Request",
     "RequestReader",
     "ResponseFramer",
+    "check_lines",
     "status_line",
 ]
 
@@ -435,6 +436,18 @@ _STATUS_LINES = {
 _OWN_HEADERS = frozenset({b"connection", b"date", b"keep-alive", b"content-length", b"transfer-encoding"})
 
 
+def check_lines(lines: list[bytes]) -> None:
+    """Header lines (`name: value\r\n` each) an app gave, checked in one pass: a token for a
+    name, visible characters for a value, and as many line ends as lines (no value held one).
+
+    Raises:
+        InvalidResponse: naming the first header that is not one."""
+    given = b"".join(lines)
+    if given and (_HEADER_LINES.fullmatch(given) is None or given.count(b"\n") != len(lines)):
+        bad = next(line for line in lines if _HEADER_LINES.fullmatch(line) is None or line.count(b"\n") != 1)
+        raise InvalidResponse(f"the header {bad.partition(b':')[0][:40]!r} has bytes no header may carry")
+
+
 def status_line(status: int) -> bytes:
     """`HTTP/1.1 200 OK\\r\\n`, with the standard reason phrase (none for a status without one)."""
     line = _STATUS_LINES.get(status)
@@ -485,12 +498,7 @@ class ResponseFramer:
                         raise InvalidResponse("a Connection header with bytes no header may carry")
                 continue  # (said below, as this server frames the response; `date` its own)
             lines.append(b"%b: %b\r\n" % (name, value))
-        given = b"".join(lines[1:])
-        if given and (_HEADER_LINES.fullmatch(given) is None or given.count(b"\n") != len(lines) - 1):
-            # (one pass over every line the app gave, whose count of line ends says that no value
-            # held one; the culprit named only when there is one)
-            bad = next(line for line in lines[1:] if _HEADER_LINES.fullmatch(line) is None or line.count(b"\n") != 1)
-            raise InvalidResponse(f"the header {bad.partition(b':')[0][:40]!r} has bytes no header may carry")
+        check_lines(lines[1:])
         if status in _NO_BODY_STATUS:
             pass  # no body, and no framing header (RFC 9110 §8.6)
         elif coded and version == "1.1":

@@ -39,6 +39,7 @@ from wsproto.utilities import generate_accept_token
 
 from ..errors import is_failure
 from . import ext
+from .h1 import InvalidResponse, check_lines
 
 if TYPE_CHECKING:
     from .http11 import _Connection
@@ -204,6 +205,8 @@ class WebSocketExchange:
         connection = self.connection
         if kind == "websocket.send":
             if not self.accepted:
+                if self.answered:
+                    return  # (refused: the connection is closing)
                 raise RuntimeError("a WebSocket message was sent before the accept")
             if self.protocol.state is not ConnectionState.OPEN or connection.write_over:
                 return  # closing or gone: `receive` tells the app
@@ -215,8 +218,15 @@ class WebSocketExchange:
         elif kind == "websocket.accept":
             if self.accepted or self.answered:
                 raise RuntimeError("a WebSocket was accepted twice, or after its refusal")
+            try:
+                head = self._switching_head(message)
+            except InvalidResponse as error:
+                log.error("the app's WebSocket accept could not be sent (%s); answered 500 instead", error)
+                self.answered = True
+                await connection.refuse(500)
+                return
             self.accepted = True
-            await connection.write_now(self._switching_head(message))
+            await connection.write_now(head)
         elif kind == "websocket.close":
             if self.accepted:
                 if self.protocol.state is ConnectionState.OPEN:
@@ -245,14 +255,15 @@ class WebSocketExchange:
             b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\n",
             b"sec-websocket-accept: %b\r\n" % generate_accept_token(key.strip()),
         ]
+        given = []
         subprotocol = message.get("subprotocol")
         if subprotocol:
-            lines.append(b"sec-websocket-protocol: %b\r\n" % subprotocol.encode("latin-1"))
+            given.append(b"sec-websocket-protocol: %b\r\n" % subprotocol.encode("latin-1"))
         for name, value in message.get("headers", ()):
             if name.lower() not in _OWN_HEADERS:
-                lines.append(b"%b: %b\r\n" % (name, value))
-        lines.append(b"date: %b\r\n\r\n" % self.connection.server.date())
-        return b"".join(lines)
+                given.append(b"%b: %b\r\n" % (name, value))
+        check_lines(given)  # (what the app gives goes out checked, as on any response)
+        return b"".join([*lines, *given, b"date: %b\r\n\r\n" % self.connection.server.date()])
 
     async def _close(self, code: int, reason: str = "") -> None:
         await self._write_control(self.protocol.send(CloseConnection(code=code, reason=reason or None)))
