@@ -155,6 +155,11 @@ class Settings(BaseSettings):
         description="Seconds a stored response is kept (30 days, as OpenAI keeps them); 0 keeps it until deleted or evicted.",
     )
     max_conversation_history: int = Field(100, ge=1, description="Stored responses kept by the memory store.")
+    message_threads: bool = Field(
+        True,
+        description="Keep the Messages API's message threads (`thread`) in the store; off: a request with "
+        "`thread` gets thread_unsupported_request.",
+    )
     background_lease_seconds: float = Field(
         15.0,
         ge=3,

@@ -12,6 +12,8 @@ libraries, so the pure core can use it.
     ├── Unauthorized              401 (no API key, or one that is not valid)
     ├── RateLimited               429 (a key's limit: Retry-After says when to come back)
     ├── NotFound                  404
+    ├── ThreadRefused             400 or 404, a message thread the request cannot use
+                                  (`error.details.error_code`, as Anthropic's SDKs read it)
     ├── BackendError              the backend could not serve the request
     │   ├── BackendUnavailable    502 (connect refused, reset, protocol error)
     │   ├── BackendTimeout        504 (connect or read timeout)
@@ -48,6 +50,7 @@ __all__ = [
     "RateLimited",
     "ShuttingDown",
     "StoreUnavailable",
+    "ThreadRefused",
     "Unauthorized",
     "anthropic_error_body",
     "anthropic_error_type",
@@ -66,6 +69,8 @@ class GatewayError(Exception):
     # What failed, for the operator's log line (a store and its URL, a backend's
     # name and URL, the library's error): never sent to a client.
     cause: str | None = None
+    # Anthropic's `error.details` (`{"error_code": ...}`), which its SDKs act on; None for most.
+    details: dict[str, Any] | None = None
 
     def __init__(
         self, message: str, *, param: str | None = None, code: str | None = None, cause: str | None = None
@@ -149,6 +154,24 @@ class NotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
     code = "not_found"
+
+
+class ThreadRefused(GatewayError):
+    """A message thread the request cannot use (the Messages API's `thread`): `error_code` is
+    what the anthropic SDKs read in `error.details` (on `thread_not_found`,
+    `thread_already_continued` and `thread_continue_in_flight` they send the whole conversation
+    again under a new thread)."""
+
+    type = "invalid_request_error"
+
+    def __init__(
+        self, message: str, error_code: str, *, status: int = 400, param: str | None = None, unsupported: list[str] | None = None
+    ) -> None:
+        super().__init__(message, param=param, code=error_code)
+        self.status = status
+        self.details = {"error_code": error_code}
+        if unsupported is not None:
+            self.details["unsupported"] = unsupported
 
 
 class InternalError(GatewayError):
@@ -311,10 +334,15 @@ def anthropic_error_type(status: int) -> str:
     return _ANTHROPIC_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
 
 
-def anthropic_error_body(status: int, message: str, request_id: str | None = None) -> dict[str, Any]:
+def anthropic_error_body(
+    status: int, message: str, request_id: str | None = None, details: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """`{"type": "error", "error": {"type", "message"}}` as Anthropic returns it (a body, or a
-    stream's `error` event), with the request's id when there is one."""
-    body: dict[str, Any] = {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+    stream's `error` event), with the error's `details` and the request's id when there are."""
+    error: dict[str, Any] = {"type": anthropic_error_type(status), "message": message}
+    if details:
+        error["details"] = details
+    body: dict[str, Any] = {"type": "error", "error": error}
     if request_id:
         body["request_id"] = request_id
     return body

@@ -94,7 +94,7 @@ def dialect_of(path: str, headers: Iterable[tuple[bytes, bytes]]) -> Dialect:
 
 def _body(error: GatewayError, dialect: Dialect, request_id: str | None) -> bytes:
     if dialect == "anthropic":
-        return orjson.dumps(anthropic_error_body(error.status, error.message, request_id))
+        return orjson.dumps(anthropic_error_body(error.status, error.message, request_id, error.details))
     return error_json(error)
 
 

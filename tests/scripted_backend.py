@@ -482,6 +482,12 @@ class ScriptedBackend:
                 await _json(send, 400, {"error": {"message": refusal, "type": "invalid_request_error", "param": "messages"}})
                 return
             script = _numbered_call_script(body)
+        elif model == "lookup-twice":
+            refusal = _unanswered_calls(body)
+            if refusal is not None:
+                await _json(send, 400, {"error": {"message": refusal, "type": "invalid_request_error", "param": "messages"}})
+                return
+            script = _lookup_twice_script(body)
         elif model.startswith("mcp-"):
             script = _tool_user_script(model, body)
         elif model == "logprobs-if-asked":
@@ -601,6 +607,20 @@ def _numbered_call_script(body: dict[str, Any]) -> list[Any]:
     results = sum(1 for m in body.get("messages") or () if m.get("role") == "tool")
     return [
         chunk(call_delta(0, id="call_0", name="lookup", args='{"turn": %d}' % results)),
+        chunk(finish="tool_calls"),
+        usage_chunk(),
+        b"[DONE]",
+    ]
+
+
+def _lookup_twice_script(body: dict[str, Any]) -> list[Any]:
+    """Call `lookup` until the conversation holds two of its results, then answer with them (a
+    strict backend: `_unanswered_calls` refuses a history that lost a call or its result)."""
+    results = [m["content"] for m in body.get("messages") or () if m.get("role") == "tool"]
+    if len(results) >= 2:
+        return [chunk({"content": "Found: " + " and ".join(map(str, results))}), chunk(finish="stop"), usage_chunk(), b"[DONE]"]
+    return [
+        chunk(call_delta(0, id=f"call_{len(results)}", name="lookup", args='{"n": %d}' % len(results))),
         chunk(finish="tool_calls"),
         usage_chunk(),
         b"[DONE]",

@@ -532,3 +532,69 @@ async def test_a_conversation_expires_ttl_after_its_last_change(expiring):
     assert await store.load_conversation("conv_1") is not None
     await advance(2)
     assert await store.load_conversation("conv_1") is None
+
+
+# --- message threads ----------------------------------------------------------------------------
+
+
+def thread(thread_id: str = "msg_1", **fields: Any) -> Any:
+    from gateway.store.base import StoredThread
+
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+    ]
+    return StoredThread(
+        id=thread_id,
+        created_at=1_800_000_000,
+        messages=messages,
+        system=[{"type": "text", "text": "Be brief."}],
+        tools=[{"name": "get_weather", "input_schema": {"type": "object"}}],
+        **fields,
+    )
+
+
+async def test_a_thread_loads_back_equal_and_is_a_copy(store):
+    await store.save_thread(thread(owner="key_a"))
+    loaded = await store.load_thread("msg_1")
+    assert loaded == thread(owner="key_a")
+    loaded.messages.append({"role": "user", "content": "changed"})
+    assert await store.load_thread("msg_1") == thread(owner="key_a")
+    assert await store.load_thread("msg_nope") is None
+
+
+async def test_only_one_of_many_concurrent_claims_on_a_thread_wins(store):
+    await store.save_thread(thread())
+    winners: list[str] = []
+
+    def claim(name: str) -> Any:
+        def change(current: Any) -> Any:
+            if current.next is not None:
+                return None  # claimed by another: leave it
+            current.next, current.next_until = name, 1_900_000_000.0
+            return current
+
+        return change
+
+    async def attempt(name: str) -> None:
+        stored = await store.update_thread("msg_1", claim(name))
+        if stored is not None and stored.next == name:
+            winners.append(name)
+
+    async with trio.open_nursery() as nursery:
+        for n in range(10):
+            nursery.start_soon(attempt, f"msg_next{n}")
+    assert len(winners) == 1
+    assert (await store.load_thread("msg_1")).next == winners[0]
+    assert await store.update_thread("msg_nope", claim("x")) is None
+
+
+async def test_a_thread_expires_ttl_after_its_last_write(expiring):
+    store, advance = expiring
+    await store.save_thread(thread())
+    await advance(TTL - 1)
+    assert await store.update_thread("msg_1", lambda current: current) is not None  # a write starts it again
+    await advance(TTL - 1)
+    assert await store.load_thread("msg_1") is not None
+    await advance(2)
+    assert await store.load_thread("msg_1") is None

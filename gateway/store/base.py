@@ -18,7 +18,9 @@ response must not vanish, and a lost one must still be found to be ended).
 A `StoredConversation` (the Conversations API) is kept the same way: one
 record, written whole (its metadata, its items in order, and the lock a
 running response holds on it), changed only through `update_conversation`
-(a compare-and-set), expiring `ttl` after its last write.
+(a compare-and-set), expiring `ttl` after its last write.  So is a
+`StoredThread` (a message thread of the Messages API, under the id of the
+answer it ends with): `save_thread`, `load_thread`, `update_thread`.
 
 Stores raise `StoreUnavailable` for their library's failures, and nothing
 else.
@@ -48,10 +50,14 @@ __all__ = [
     "ResponseStore",
     "StoredConversation",
     "StoredResponse",
+    "StoredThread",
+    "ThreadChange",
     "decode_conversation",
     "decode_record",
+    "decode_thread",
     "encode_conversation",
     "encode_record",
+    "encode_thread",
     "save_retrying",
 ]
 
@@ -172,6 +178,59 @@ def decode_conversation(data: bytes) -> StoredConversation:
 ConversationChange = Callable[[StoredConversation], "StoredConversation | None"]
 
 
+@dataclass
+class StoredThread:
+    """A message thread (the Messages API's `thread`) as of one answer, kept under that answer's id.
+
+    `messages` is the whole conversation the answer ended, itself last (as
+    an assistant message); `system` and `tools` are what the thread was
+    created with (the fields a continue may not change).  `next` names the
+    answer that continued it: while that answer is still being made,
+    `next_until` says when the claim lapses (wall-clock seconds, so a
+    process that died lets go); once it is made, `next_until` is None and
+    the thread cannot be continued from here again.
+    """
+
+    id: str
+    created_at: int
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    system: Any = None
+    tools: list[Any] | None = None
+    owner: str | None = None  # the API key (its id) that created it; None without keys
+    next: str | None = None
+    next_until: float | None = None
+
+
+def encode_thread(thread: StoredThread) -> bytes:
+    return _zstd().compress(orjson.dumps(thread.__dict__))
+
+
+def decode_thread(data: bytes) -> StoredThread:
+    """Raises:
+        ValueError: `data` is not a thread `encode_thread` made (a damaged record).
+    """
+    try:
+        raw = orjson.loads(_decompressed(data))
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str):
+            raise ValueError("not a thread")
+    except Exception as exc:  # zstd's and orjson's errors alike: the record cannot be read
+        raise ValueError("a stored thread that cannot be read") from exc
+    return StoredThread(
+        id=raw["id"],
+        created_at=raw["created_at"],
+        messages=raw.get("messages") or [],
+        system=raw.get("system"),
+        tools=raw.get("tools"),
+        owner=raw.get("owner"),
+        next=raw.get("next"),
+        next_until=raw.get("next_until"),
+    )
+
+
+# Given the stored thread, the one to write instead, or None to leave it (as `Change`).
+ThreadChange = Callable[[StoredThread], "StoredThread | None"]
+
+
 class ResponseStore(Protocol):
     """Conversation state.  Every method may be called from many tasks at once."""
 
@@ -219,6 +278,19 @@ class ResponseStore(Protocol):
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """Remove the conversation and its items; False when it was not there."""
+        ...
+
+    async def save_thread(self, thread: StoredThread) -> None:
+        """Insert or replace a thread (atomically)."""
+        ...
+
+    async def load_thread(self, thread_id: str) -> StoredThread | None:
+        """The thread, or None when unknown or expired."""
+        ...
+
+    async def update_thread(self, thread_id: str, change: ThreadChange) -> StoredThread | None:
+        """Apply `change` to the stored thread atomically; the thread as stored afterwards (None
+        when there is none: `change` is not called)."""
         ...
 
     async def aclose(self) -> None: ...

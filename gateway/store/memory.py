@@ -20,10 +20,14 @@ from .base import (
     ConversationChange,
     StoredConversation,
     StoredResponse,
+    StoredThread,
+    ThreadChange,
     decode_conversation,
     decode_record,
+    decode_thread,
     encode_conversation,
     encode_record,
+    encode_thread,
 )
 
 __all__ = ["MemoryStore"]
@@ -40,6 +44,7 @@ class MemoryStore:
         self._items: dict[str, str] = {}  # item id -> response id
         self._leases: dict[str, float] = {}  # response id -> lease end
         self._conversations: dict[str, tuple[float, bytes]] = {}  # id -> (saved at, record)
+        self._threads: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # id -> (saved at, record)
 
     async def save(self, record: StoredResponse) -> None:
         old = self._records.pop(record.id, None)
@@ -125,7 +130,33 @@ class MemoryStore:
             self._conversations.pop(conversation_id, None)
         )
 
+    async def save_thread(self, thread: StoredThread) -> None:
+        self._threads.pop(thread.id, None)
+        self._threads[thread.id] = (self._clock(), encode_thread(thread))
+        while self._max is not None and len(self._threads) > self._max:
+            self._threads.popitem(last=False)  # the least recently written first
+
+    async def load_thread(self, thread_id: str) -> StoredThread | None:
+        entry = self._threads.get(thread_id)
+        if entry is None:
+            return None
+        if self._ttl is not None and self._clock() - entry[0] > self._ttl:
+            del self._threads[thread_id]
+            return None
+        return decode_thread(entry[1])
+
+    async def update_thread(self, thread_id: str, change: ThreadChange) -> StoredThread | None:
+        current = await self.load_thread(thread_id)  # nothing yields between read and write
+        if current is None:
+            return None
+        new = change(current)
+        if new is None:
+            return current
+        await self.save_thread(new)
+        return new
+
     async def aclose(self) -> None:
+        self._threads.clear()
         self._conversations.clear()
         self._records.clear()
         self._items.clear()

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import StoreUnavailable
 from ..observe import Telemetry
-from .base import Change, ConversationChange, ResponseStore, StoredConversation, StoredResponse
+from .base import Change, ConversationChange, ResponseStore, StoredConversation, StoredResponse, StoredThread, ThreadChange
 
 __all__ = ["ObservedStore"]
 
@@ -78,6 +78,17 @@ class ObservedStore:
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         return bool(await self._timed("delete_conversation", self.inner.delete_conversation(conversation_id)))
+
+    async def save_thread(self, thread: StoredThread) -> None:
+        await self._timed("save_thread", self.inner.save_thread(thread))
+
+    async def load_thread(self, thread_id: str) -> StoredThread | None:
+        result: StoredThread | None = await self._timed("load_thread", self.inner.load_thread(thread_id))
+        return result
+
+    async def update_thread(self, thread_id: str, change: ThreadChange) -> StoredThread | None:
+        result: StoredThread | None = await self._timed("update_thread", self.inner.update_thread(thread_id, change))
+        return result
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -32,10 +32,14 @@ from .base import (
     ConversationChange,
     StoredConversation,
     StoredResponse,
+    StoredThread,
+    ThreadChange,
     decode_conversation,
     decode_record,
+    decode_thread,
     encode_conversation,
     encode_record,
+    encode_thread,
 )
 
 __all__ = ["RedisStore"]
@@ -176,6 +180,24 @@ class RedisStore:
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         return bool(await self._run(self._redis.delete, self._key("conversation", conversation_id)))
+
+    async def save_thread(self, thread: StoredThread) -> None:
+        key = self._key("thread", thread.id)
+        await self._run(lambda: self._redis.set(key, encode_thread(thread), px=self._ttl_ms))
+
+    async def load_thread(self, thread_id: str) -> StoredThread | None:
+        data = await self._run(self._redis.get, self._key("thread", thread_id))
+        return decode_thread(data) if data is not None else None
+
+    async def update_thread(self, thread_id: str, change: ThreadChange) -> StoredThread | None:
+        """As `update_conversation`: WATCH makes a claim on a thread hold across every process
+        that shares the Redis (one continue at a time)."""
+        key = self._key("thread", thread_id)
+
+        def write(pipe: Any, new: StoredThread) -> None:
+            pipe.set(key, encode_thread(new), px=self._ttl_ms)
+
+        return await self._run(self._compare_and_set, key, decode_thread, change, write)
 
     async def aclose(self) -> None:
         await self._run(self._redis.close)

@@ -55,9 +55,13 @@ from .base import (
     ConversationChange,
     StoredConversation,
     StoredResponse,
+    StoredThread,
+    ThreadChange,
     decode_conversation,
+    decode_thread,
     decode_record,
     encode_conversation,
+    encode_thread,
     encode_record,
 )
 
@@ -92,6 +96,12 @@ CREATE TABLE IF NOT EXISTS conversations (
     saved_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS conversations_by_age ON conversations(saved_at);
+CREATE TABLE IF NOT EXISTS threads (
+    id TEXT PRIMARY KEY,
+    data BLOB NOT NULL,
+    saved_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS threads_by_age ON threads(saved_at);
 """
 # Added after the first release: existing files gain the column at start-up.
 _LEASES = """
@@ -433,6 +443,41 @@ class SQLiteStore:
             conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
         return True
 
+    async def save_thread(self, thread: StoredThread) -> None:
+        await self._run(self._write_thread, encode_thread(thread), thread.id)
+
+    def _write_thread(self, conn: sqlite3.Connection, data: bytes, thread_id: str) -> None:
+        with _transaction(conn):
+            self._put_thread(conn, data, thread_id)
+
+    def _put_thread(self, conn: sqlite3.Connection, data: bytes, thread_id: str) -> None:
+        conn.execute("INSERT OR REPLACE INTO threads (id, data, saved_at) VALUES (?, ?, ?)", (thread_id, data, self._clock()))
+
+    async def load_thread(self, thread_id: str) -> StoredThread | None:
+        data = await self._run(self._load_thread, thread_id)
+        return decode_thread(data) if data is not None else None
+
+    def _load_thread(self, conn: sqlite3.Connection, thread_id: str) -> bytes | None:
+        row = conn.execute("SELECT data, saved_at FROM threads WHERE id = ?", (thread_id,)).fetchone()
+        if row is None or self._past_ttl(row[1], None):
+            return None  # an expired one is swept with the rest (`sweep`)
+        return bytes(row[0])
+
+    async def update_thread(self, thread_id: str, change: ThreadChange) -> StoredThread | None:
+        return await self._run(self._update_thread, thread_id, change)
+
+    def _update_thread(self, conn: sqlite3.Connection, thread_id: str, change: ThreadChange) -> StoredThread | None:
+        with _transaction(conn):  # BEGIN IMMEDIATE: no other writer, of any process, between the read and the write
+            data = self._load_thread(conn, thread_id)
+            if data is None:
+                return None
+            current = decode_thread(data)
+            new = change(current)
+            if new is None:
+                return current
+            self._put_thread(conn, encode_thread(new), thread_id)
+            return new
+
     def _past_ttl(self, saved_at: float, lease_until: float | None) -> bool:
         """Expired: written more than `ttl` ago, and not running (a running response's lease is set)."""
         return self._ttl is not None and lease_until is None and self._clock() - saved_at > self._ttl
@@ -501,7 +546,9 @@ class SQLiteStore:
                 "SELECT id FROM conversations WHERE saved_at < ? LIMIT ?", (cutoff, _SWEEP_BATCH)
             ).fetchall()
             conn.executemany("DELETE FROM conversations WHERE id = ?", conversations)
-        return len(ids) + len(conversations)
+            threads = conn.execute("SELECT id FROM threads WHERE saved_at < ? LIMIT ?", (cutoff, _SWEEP_BATCH)).fetchall()
+            conn.executemany("DELETE FROM threads WHERE id = ?", threads)
+        return len(ids) + len(conversations) + len(threads)
 
     @staticmethod
     def _vacuum_step(conn: sqlite3.Connection) -> int:

@@ -110,6 +110,7 @@ class ChatSession:
     """One chat completion across its rounds (see the module docstring)."""
 
     native = None  # no request in a backend's own API: every backend gets the chat request
+    answer = None  # nothing keeps a chat completion's answer beyond its turn
 
     def __init__(self, body: dict[str, Any], gateway_tools: set[str], *, max_rounds: int) -> None:
         self.request = {**body, "stream": True, "stream_options": {"include_usage": True}}

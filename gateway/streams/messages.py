@@ -11,7 +11,8 @@
                       a `ChatSession` (the gateway's tool loop, hidden from the
                       client) whose chunks go through `MessagesEvents`
     collect_message   the `message` object a stream's events add up to (a
-                      request that did not stream)
+                      request that did not stream; `MessageCollector` event by
+                      event, for a session that keeps its answer)
 
 `MessagesEvents` alone owns the message id, block indexes, tool-use ids
 (`toolu_…`), stop reasons and usage.  Keep-alive `ping`s are the transport's.
@@ -27,7 +28,7 @@ from ..errors import anthropic_error_body
 from .chat_session import ChatSession
 from .translator import RoundCall, chunk_usage
 
-__all__ = ["MessagesEvents", "MessagesSession", "STOP_REASONS", "collect_message"]
+__all__ = ["MessageCollector", "MessagesEvents", "MessagesSession", "STOP_REASONS", "collect_message"]
 
 Event = dict[str, Any]
 
@@ -203,10 +204,13 @@ class MessagesSession:
         model: str,
         ids: Callable[[str], str],
         native: Any = None,
+        collect: bool = False,
     ) -> None:
         self.chat = ChatSession(body, gateway_tools, max_rounds=max_rounds)
         self.events = MessagesEvents(message_id, model, ids)
         self.native = native
+        # The answer as a `message`, kept as it is made (`collect`: for a thread to store).
+        self.answer = MessageCollector() if collect else None
 
     # The chat session's state, as the engine and the shell read it.
     @property
@@ -242,7 +246,10 @@ class MessagesSession:
         return self.chat.failure_message
 
     def start(self) -> list[Event]:
-        return self.events.start()
+        events = self.events.start()
+        if self.answer is not None:
+            self.answer.feed(events)
+        return events
 
     def feed(self, chunk: Any) -> list[Event]:
         return self._events(self.chat.feed(chunk))
@@ -257,7 +264,10 @@ class MessagesSession:
         self, code: str, message: str, *, type: str = "api_error", param: str | None = None, status: int = 500
     ) -> list[Event]:
         self.chat.fail(code, message, type=type, param=param, status=status)
-        return self.events.fail(status, message)
+        events = self.events.fail(status, message)
+        if self.answer is not None:
+            self.answer.feed(events)
+        return events
 
     def tool_result(self, call: RoundCall, *, output: str | None = None, error: str | None = None) -> list[Event]:
         return self._events(self.chat.tool_result(call, output=output, error=error))
@@ -280,38 +290,60 @@ class MessagesSession:
             out += self.events.feed(chunk)
         if self.chat.done and not self.events.over:
             out += self.events.finish()
+        if self.answer is not None:
+            self.answer.feed(out)
         return out
+
+
+class MessageCollector:
+    """The `message` object a stream's events add up to, event by event (`message`: None until
+    `message_start`, and once an `error` ended it)."""
+
+    def __init__(self) -> None:
+        self.message: dict[str, Any] | None = None
+        self._blocks: list[dict[str, Any]] = []
+        self._inputs: dict[int, list[str]] = {}
+        self.failed = False
+
+    def feed(self, events: list[Event]) -> None:
+        if self.failed:
+            return
+        blocks = self._blocks
+        for event in events:
+            kind = event["type"]
+            if kind == "message_start":
+                self.message = {**event["message"], "content": blocks}
+            elif kind == "content_block_start":
+                blocks.append(dict(event["content_block"]))
+            elif kind == "content_block_delta":
+                block, delta = blocks[event["index"]], event["delta"]
+                if delta["type"] == "text_delta":
+                    block["text"] += delta["text"]
+                elif delta["type"] == "thinking_delta":
+                    block["thinking"] += delta["thinking"]
+                elif delta["type"] == "signature_delta":
+                    block["signature"] += delta["signature"]
+                elif delta["type"] == "input_json_delta":
+                    self._inputs.setdefault(event["index"], []).append(delta["partial_json"])
+            elif kind == "content_block_stop":
+                parts = self._inputs.pop(event["index"], None)
+                if parts is not None:
+                    blocks[event["index"]]["input"] = _input("".join(parts))
+            elif kind == "message_delta" and self.message is not None:
+                self.message.update(event["delta"])
+                self.message["usage"] = {**self.message.get("usage", {}), **event["usage"]}
+            elif kind == "error":
+                self.message, self.failed = None, True
+                return
+        for index, parts in self._inputs.items():  # (a block not stopped yet: its input so far)
+            blocks[index]["input"] = _input("".join(parts))
 
 
 def collect_message(events: list[Event]) -> dict[str, Any] | None:
     """The `message` object a stream's events add up to; None when it ended with an `error`."""
-    message: dict[str, Any] = {}
-    blocks: list[dict[str, Any]] = []
-    inputs: dict[int, list[str]] = {}
-    for event in events:
-        kind = event["type"]
-        if kind == "message_start":
-            message = {**event["message"], "content": blocks}
-        elif kind == "content_block_start":
-            blocks.append(dict(event["content_block"]))
-        elif kind == "content_block_delta":
-            block, delta = blocks[event["index"]], event["delta"]
-            if delta["type"] == "text_delta":
-                block["text"] += delta["text"]
-            elif delta["type"] == "thinking_delta":
-                block["thinking"] += delta["thinking"]
-            elif delta["type"] == "signature_delta":
-                block["signature"] += delta["signature"]
-            elif delta["type"] == "input_json_delta":
-                inputs.setdefault(event["index"], []).append(delta["partial_json"])
-        elif kind == "message_delta":
-            message.update(event["delta"])
-            message["usage"] = {**message.get("usage", {}), **event["usage"]}
-        elif kind == "error":
-            return None
-    for index, parts in inputs.items():
-        blocks[index]["input"] = _input("".join(parts))
-    return message
+    collector = MessageCollector()
+    collector.feed(events)
+    return None if collector.failed else collector.message or {}
 
 
 def _input(arguments: str) -> Any:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import trio
@@ -66,11 +67,18 @@ class Admitted:
 
 
 async def admit_chat(
-    resources: Resources, body: dict[str, Any], ctx: RequestContext, kind: str, gateway_tools: bool, *, admit: bool = True
+    resources: Resources,
+    body: dict[str, Any],
+    ctx: RequestContext,
+    kind: str,
+    gateway_tools: bool,
+    *,
+    admit: bool = True,
+    turn_id: str | None = None,
 ) -> Admitted:
     """The admission every chat-shaped front end shares (chat completions, Messages): the one
     tool-offering rule, the key's model and limits, tokens reserved (`max_tokens` bounded by
-    them); `kind` prefixes the id.  `admit=False` (a token count): only the key's model list
+    them); `kind` prefixes the id (or `turn_id` is it).  `admit=False` (a token count): only the key's model list
     holds; nothing is reserved and no stream slot is taken.
 
     Raises:
@@ -83,7 +91,7 @@ async def admit_chat(
     if gateway_tools and offers_gateway_tools(body.get("tool_choice")):
         own = {t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)}
         offer_configured(tools, resources.mcp, taken=own, limits=caller.limits)
-    turn_id = resources.ids(kind)
+    turn_id = turn_id or resources.ids(kind)
     model = str(body.get("model") or "")
     slot = None
     if admit:
@@ -98,6 +106,14 @@ async def admit_chat(
     started = ctx.arrived if ctx.arrived is not None else trio.current_time()
     outcome = TurnOutcome(turn_id, model, kind, started, key=caller.name, request_id=ctx.request_id)
     return Admitted(body, tools, caller, slot, outcome)
+
+
+class Keeper(Protocol):
+    """What keeps a turn's answer beyond it (a message thread, `threads.Threading`)."""
+
+    async def keep(self, message: Mapping[str, Any]) -> None: ...
+
+    async def release(self) -> None: ...
 
 
 class ChatShaped(Session, Protocol):
@@ -121,6 +137,9 @@ class ChatShaped(Session, Protocol):
 
     def generated(self, output: list[Any]) -> bool: ...
 
+    @property
+    def answer(self) -> Any: ...  # the answer as it is made, when kept (`MessageCollector`), or None
+
 
 class ChatTurn:
     """One chat-shaped turn being produced (see the module docstring): a chat completion, or an
@@ -143,6 +162,8 @@ class ChatTurn:
         self.rejection: GatewayError | None = None
         self._opening: ChatOpening | None = None  # the first round's request, when `begin` began it
         self._begun = False
+        # Keeps the complete answer before its last events go out (a message thread), else lets go.
+        self.threading: Keeper | None = None
 
     def begin(self) -> None:
         """Have the backend start on the first round's request now (as `Turn.begin`, once: its
@@ -173,6 +194,8 @@ class ChatTurn:
                 outcome.note_events(trio.current_time(), generated)
                 if not self.answered.is_set() and (generated or session.done):
                     self._answered(generated)
+                if session.done and not session.failure:
+                    await self._keep()
                 await emit(chunks)
 
         with resources.telemetry.span("turn", model=outcome.model, transport=outcome.transport):
@@ -213,6 +236,13 @@ class ChatTurn:
                 with trio.CancelScope(shield=True):
                     await self._settle()
 
+    async def _keep(self) -> None:
+        threading, self.threading = self.threading, None
+        message = self.session.answer.message if self.session.answer is not None else None
+        if threading is not None and message is not None:
+            with trio.CancelScope(shield=True):  # (a client that leaves now has its answer made)
+                await threading.keep(message)
+
     def _on_answer(self, error: GatewayError | None) -> None:
         if error is not None and not self.answered.is_set():  # the backend refused, or could not be reached
             self.rejection = error
@@ -244,6 +274,9 @@ class ChatTurn:
         }
         outcome.rounds = session.rounds + 1
         outcome.finished_at = trio.current_time()
+        threading, self.threading = self.threading, None
+        if threading is not None:  # never kept: no answer
+            await threading.release()
         try:
             await self.resources.limiter.settle(self.slot, self.caller, int(usage.get("total_tokens") or 0))
         except GatewayError:

@@ -28,6 +28,7 @@ from ..streams.messages import MessagesSession
 from .chat import ChatTurn, admit_chat
 from .engine import Resources
 from .messages_plan import chat_request, native_body, unmapped
+from .threads import THREADS_BETA, open_thread
 
 __all__ = ["count_message_tokens", "prepare_messages"]
 
@@ -35,7 +36,8 @@ log = logging.getLogger("gateway.turn")
 
 
 def _native(body: dict[str, Any], headers: Mapping[str, str]) -> NativeRequest:
-    betas = headers.get("anthropic-beta")
+    # The gateway holds the thread: the backend gets the whole conversation, without the threads beta.
+    betas = ",".join(b for b in (headers.get("anthropic-beta") or "").split(",") if b.strip() and b.strip() != THREADS_BETA)
     return NativeRequest("anthropic-messages", native_body(body), {"anthropic-beta": betas} if betas else {})
 
 
@@ -57,13 +59,32 @@ async def prepare_messages(
 ) -> ChatTurn:
     """A checked Messages request (`wire.messages`) as a turn ready to run.
 
+    A `thread` is opened first (`threads.open_thread`): a continue's conversation put back, its
+    answer claimed, and let go again should the turn not be admitted.
+
     Raises:
+        ThreadRefused: the thread cannot be used.
+        InvalidRequest: a continue's `tool_result` answers no `tool_use` of the conversation.
         NotFound: the key may not use the model.
         RateLimited: a limit of the key is reached.
-        StoreUnavailable: the key store failed.
+        StoreUnavailable: the key store or the conversation store failed.
     """
-    chat = _mapped(body, headers)
-    admitted = await admit_chat(resources, chat, ctx, "msg", ctx.gateway_tools())
+    message_id = resources.ids("msg")
+    threading = await open_thread(
+        resources.store,
+        body,
+        owner=ctx.caller.owner,
+        answer_id=message_id,
+        clock=resources.clock,
+        enabled=resources.settings.message_threads,
+    )
+    try:
+        chat = _mapped(body, headers)
+        admitted = await admit_chat(resources, chat, ctx, "msg", ctx.gateway_tools(), turn_id=message_id)
+    except BaseException:
+        if threading is not None:
+            await threading.release()
+        raise
     admitted.outcome.transport = "messages"
     native = None if admitted.tools.routes else _native(body, headers)
     session = MessagesSession(
@@ -74,8 +95,11 @@ async def prepare_messages(
         model=str(body["model"]),
         ids=resources.ids,
         native=native,
+        collect=threading is not None,
     )
-    return ChatTurn(resources, session, admitted, relayed=False, streamed=bool(body.get("stream")))
+    turn = ChatTurn(resources, session, admitted, relayed=False, streamed=bool(body.get("stream")))
+    turn.threading = threading
+    return turn
 
 
 async def count_message_tokens(
@@ -91,6 +115,10 @@ async def count_message_tokens(
         BackendError: the backend could not be reached, or cannot count
             (`token_count_unavailable`, 502).
     """
+    await open_thread(
+        resources.store, body, owner=ctx.caller.owner, answer_id="", clock=resources.clock,
+        enabled=resources.settings.message_threads, claim=False,
+    )  # (a continue counted whole)
     chat = _mapped(body, headers)
     admitted = await admit_chat(resources, chat, ctx, "msg", ctx.gateway_tools(), admit=False)
     native = None if admitted.tools.routes else _native(body, headers)

@@ -12,6 +12,7 @@ came.  Knows no backend and no transport.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError
@@ -22,6 +23,7 @@ from . import _Open, decode_json_object
 __all__ = [
     "BLOCK_TYPES",
     "MessagesRequest",
+    "check_tool_results",
     "parse_count_request",
     "parse_messages_request",
 ]
@@ -184,6 +186,15 @@ class Thinking(_Open):
     budget_tokens: int | None = Field(None, ge=0)
 
 
+class _ThreadCreate(_Open):
+    type: Literal["create"]
+
+
+class _ThreadContinue(_Open):
+    type: Literal["continue"]
+    previous_message_id: str = Field(min_length=1)
+
+
 class MessagesRequest(_Open):
     """A `POST /v1/messages` body (fields not named here are kept and passed on or ignored)."""
 
@@ -201,6 +212,8 @@ class MessagesRequest(_Open):
     thinking: Thinking | None = None
     metadata: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
+    # A message thread (`anthropic-beta: message-threads-2026-08-12`): the gateway holds the conversation.
+    thread: Annotated[Union[_ThreadCreate, _ThreadContinue], Field(discriminator="type")] | None = None
 
 
 class CountTokensRequest(MessagesRequest):
@@ -240,15 +253,29 @@ def _checked(data: dict[str, Any], adapter: TypeAdapter[Any]) -> dict[str, Any]:
     except ValidationError as exc:
         raise _invalid(exc) from None
     messages = data["messages"]
+    thread = data.get("thread")
+    if thread is not None and thread["type"] == "continue":
+        return data  # the thread's history comes first: checked once it is in (`check_tool_results`)
     if not messages:
         raise InvalidRequest("messages: at least one message is required.", param="messages", code="invalid_value")
-    _check_tool_results(messages)
+    check_tool_results(messages)
     return data
 
 
-def _check_tool_results(messages: list[dict[str, Any]]) -> None:
-    """Every `tool_result` answers a `tool_use` some earlier assistant message made."""
-    called: set[str] = set()
+def check_tool_results(messages: list[dict[str, Any]], earlier: Sequence[Mapping[str, Any]] = ()) -> None:
+    """Every `tool_result` answers a `tool_use` some earlier assistant message made (in `messages`,
+    or in the `earlier` ones a thread holds: fields are named by their place in `messages`).
+
+    Raises:
+        InvalidRequest: one answers no tool_use.
+    """
+    called: set[str] = {
+        block["id"]
+        for message in earlier
+        if message.get("role") == "assistant" and isinstance(message.get("content"), list)
+        for block in message["content"]
+        if isinstance(block, dict) and block.get("type") == "tool_use" and isinstance(block.get("id"), str)
+    }
     for i, message in enumerate(messages):
         content = message["content"]
         if isinstance(content, str):
