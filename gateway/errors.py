@@ -231,6 +231,7 @@ class BackendStatusError(BackendError):
         super().__init__(message, param=param)
         self.backend_status = backend_status
         self.retry_after: float | None = None  # seconds the backend asked to wait (Retry-After)
+        self.context_window: int | None = None  # what a context-length error says the window is
         if 400 <= backend_status < 500:
             self.status = backend_status
             self.type = type or "invalid_request_error"
@@ -249,7 +250,27 @@ class BackendStatusError(BackendError):
             message = f"the backend answered with HTTP {backend_status}"
         if backend_status >= 500:
             message = f"the backend failed (HTTP {backend_status}): {message}"
-        return cls(backend_status, message, type=type_, code=code, param=param)
+        error = cls(backend_status, message, type=type_, code=code, param=param)
+        if code == "context_length_exceeded":
+            error.context_window = _window_of(body, message)
+        return error
+
+
+def _window_of(body: bytes, message: str) -> int | None:
+    """The context window a context-length error names: llama.cpp's `n_ctx`, or vLLM's and
+    OpenAI's "maximum context length is N tokens"."""
+    import re
+
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = None
+    err = data.get("error", data) if isinstance(data, dict) else None
+    n_ctx = err.get("n_ctx") if isinstance(err, dict) else None
+    if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > 0:
+        return n_ctx
+    found = re.search(r"maximum context length is (\d+)", message)
+    return int(found.group(1)) if found else None
 
 
 _CODE_FOR_STATUS = {

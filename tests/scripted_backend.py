@@ -337,6 +337,10 @@ class ScriptedBackend:
     # (`/apply-template`, then `/tokenize` of the prompt), "completion" (neither: an unstreamed
     # chat request is answered with its usage); None: none of that (the routes as before).
     tokenizer: str | None = None
+    # A context window (tokens) it holds requests to, and how it says so: "vllm" (`max_model_len`
+    # in /v1/models), "llamacpp" (`/props`), "ollama" (`/api/show`), "hidden" (only in its error
+    # when a request does not fit: llama.cpp's, with `n_ctx`); None: any request fits.
+    window: tuple[str, int] | None = None
     url: str = ""
     _arrived: trio.Event = field(default_factory=trio.Event)
 
@@ -372,7 +376,14 @@ class ScriptedBackend:
         elif path == "/v1/chat/completions" and scope["method"] == "POST":
             await self._chat(body, receive, send)
         elif path == "/v1/models":
-            await _json(send, 200, {"object": "list", "data": [{"id": "text", "object": "model", "owned_by": "tests"}]})
+            entry: dict[str, Any] = {"id": "text", "object": "model", "owned_by": "tests"}
+            if self.window is not None and self.window[0] == "vllm":
+                entry["max_model_len"] = self.window[1]
+            await _json(send, 200, {"object": "list", "data": [entry]})
+        elif path == "/props" and self.window is not None and self.window[0] == "llamacpp":
+            await _json(send, 200, {"default_generation_settings": {"n_ctx": self.window[1]}, "total_slots": 1})
+        elif path == "/api/show" and self.window is not None and self.window[0] == "ollama":
+            await _json(send, 200, {"parameters": f"stop \"<|im_end|>\"\nnum_ctx {self.window[1]}", "model_info": {"llama.context_length": 131072}})
         elif path == "/v1/embeddings":
             await _json(send, 200, {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}], "echo_query": scope["query_string"].decode()})
         elif path == "/v1/completions" and scope["method"] == "POST":
@@ -435,6 +446,17 @@ class ScriptedBackend:
 
     async def _chat(self, body: Any, receive: Any, send: Send) -> None:
         model = body.get("model", "text") if isinstance(body, dict) else "text"
+        if self.window is not None and isinstance(body, dict):
+            kind, n_ctx = self.window
+            wanted = prompt_tokens(body) + int(body.get("max_tokens") or 0)
+            if wanted > n_ctx:
+                if kind == "vllm":
+                    message = f"This model's maximum context length is {n_ctx} tokens. However, you requested {wanted} tokens."
+                    await _json(send, 400, {"object": "error", "message": message, "type": "BadRequestError", "code": 400})
+                else:
+                    error = {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": wanted, "n_ctx": n_ctx}
+                    await _json(send, 400, {"error": error})
+                return
         if self.fail_with is not None:
             await _json(send, self.fail_with, {"error": {"message": "scripted failure", "type": "server_error"}})
             return

@@ -331,6 +331,22 @@ class _OneTool:
         return None
 
 
+async def fits_the_context_window(ctx: Ctx, _: dict[str, Any]) -> None:
+    """`auto` drops the oldest items to fit the window the backend says (tests/test_context_window.py
+    for the rest); `disabled` leaves the backend's refusal."""
+    ctx.backend.window, ctx.backend.tokenizer = ("vllm", 400), "vllm"
+    try:
+        long = [{"role": "user" if n % 2 == 0 else "assistant", "content": f"turn {n}: " + "lorem ipsum " * 30} for n in range(9)]
+        r = await ctx.post(model="window-probe", input=long, truncation="disabled", max_output_tokens=50)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        fitted = await ctx.create(model="window-probe", input=long, truncation="auto", max_output_tokens=50)
+        assert fitted["status"] == "completed" and fitted["truncation"] == "auto"
+        sent = ctx.sent["messages"]
+        assert 1 < len(sent) < len(long) and sent[-1]["content"] == long[-1]["content"]
+    finally:
+        ctx.backend.window, ctx.backend.tokenizer = None, None
+
+
 async def pads_its_deltas_with_obfuscation(ctx: Ctx, _: dict[str, Any]) -> None:
     # The streamed deltas carry random padding (every event still the spec's); without the option,
     # and in what is stored and replayed, none.
@@ -417,7 +433,7 @@ PROBES: dict[str, Probe] = {
     ),
     "background": Probe({"background": True}, runs_in_the_background),
     "background_options": Probe({"background": True, "background_options": {"completion_window": "8h", "continuation_id": "batch-7"}}, runs_in_the_background),
-    "truncation": Probe({"truncation": "auto"}, accepted=({"truncation": "disabled"},)),
+    "truncation": Probe({"truncation": "auto"}, fits_the_context_window, echo="truncation"),
     "context_management": Probe({"context_management": [{"type": "compaction", "compact_threshold": 1000}]}),
     "prompt": Probe({"prompt": {"id": "pmpt_123", "variables": {"city": "Paris"}}}),
     "moderation": Probe({"moderation": {"model": "omni-moderation-latest"}}),

@@ -1,4 +1,6 @@
-"""`gateway config check [FILE]`: validate a backends file and print the resolved routes.
+"""`gateway config check [FILE]`: validate a backends file and print the resolved routes, with
+each route's context window (the file's `context_window`, else what its backend says, asked
+once with a short timeout; `--offline` asks nothing).
 `gateway config codex-catalog [FILE] [--model NAME ...]`: print a model catalog for Codex CLI.
 
 FILE defaults to GATEWAY_CONFIG.  Exit status 0 when the file is usable, 2
@@ -12,16 +14,45 @@ import json
 import os
 import sys
 
-from ..config import ConfigError
-from .config import load_config
+import trio
 
-__all__ = ["add_arguments", "main"]
+from ..config import ConfigError
+from .config import GatewayConfig, load_config
+
+__all__ = ["add_arguments", "context_windows", "main"]
+
+
+async def context_windows(config: GatewayConfig) -> list[str]:
+    """One line per route: its context window and where it comes from (the file, the backend's
+    answer) or that it is unknown (the backend does not say, or was not reached in 3 s)."""
+    from ..config import load_settings
+    from ..redact import Redactor
+    from .routing import build_router, context_window_of
+
+    settings = load_settings(connect_timeout=3.0, stream_timeout=3.0)
+    router = build_router(config, settings, Redactor.from_settings(settings))
+    lines = []
+    try:
+        for route in config.routes:
+            if route.context_window:
+                lines.append(f"  route {route.model}: context window {route.context_window} tokens (the file)")
+                continue
+            target = route.targets[0]
+            model = target.model or route.model
+            with trio.move_on_after(5):
+                window = None if route.is_glob and not target.model else await context_window_of(router.backends[target.backend].adapter, model)
+            said = f"{window} tokens ({target.backend} says)" if window else "unknown (no context_window, and the backend does not say)"
+            lines.append(f"  route {route.model}: context window {said}")
+    finally:
+        await router.aclose()
+    return lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     check = commands.add_parser("check", help="validate a backends file and print its routes")
     check.add_argument("file", nargs="?", help="the TOML file (default: GATEWAY_CONFIG)")
+    check.add_argument("--offline", action="store_true", help="do not ask the backends for their context windows")
     catalog = commands.add_parser(
         "codex-catalog", help="print a model catalog for Codex CLI (model_catalog_json) of the routed models"
     )
@@ -44,6 +75,9 @@ def main(args: argparse.Namespace) -> int:
     if args.action == "check":
         assert config is not None
         print(config.describe())
+        if not args.offline:
+            for line in trio.run(context_windows, config):
+                print(line)
         return 0
     from .codex import BASE_INSTRUCTIONS, codex_catalog
 

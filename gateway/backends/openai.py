@@ -400,6 +400,7 @@ class OpenAICompatibleBackend:
         self._root = self._v1.removesuffix("/v1")  # where vLLM and llama.cpp serve their tokenizers
         # How this server counts tokens, once one way has answered: "vllm", "llamacpp" or "completion".
         self.counts_by: str | None = None
+        self._windows: dict[str, int | None] = {}  # each model's context window, once the server said
         self.url = public_url(self._v1)
         self.label = f"{name}@{self.url}"  # which backend answered, in a log line (no spaces, no secrets)
         self._auth = {**(headers or {}), **({"authorization": f"Bearer {api_key}"} if api_key else {})}
@@ -602,15 +603,78 @@ class OpenAICompatibleBackend:
             answer = await self._post_json(str(self._chat_url), {**request, "max_completion_tokens": 1}, headers)
         return _whole(_field(_field(answer, "usage"), "prompt_tokens"))
 
+    async def context_window(self, model: str) -> int | None:
+        """The context window (tokens) the server runs `model` with, asked once and remembered;
+        None when it does not say.
+
+        Asked in order, the first that answers counts: vLLM's `GET /v1/models`
+        (`max_model_len` of the model's entry), llama.cpp's `GET /props`
+        (`n_ctx`, the context the server was started with: what a request
+        must fit, not the model's training length), Ollama's `POST /api/show`
+        (`num_ctx` among its parameters, else the model's `context_length`).
+        A server that cannot be reached is asked again next time.
+        """
+        if model in self._windows:
+            return self._windows[model]
+        window: int | None = None
+        reached = False
+        for ask in (self._window_vllm, self._window_llamacpp, self._window_ollama):
+            try:
+                window = await ask(model)
+            except BackendStatusError:
+                reached = True  # (not this kind of server)
+                continue
+            except BackendError:
+                continue
+            reached = True
+            if window is not None:
+                break
+        if reached:
+            self._windows[model] = window
+        return window
+
+    async def _window_vllm(self, model: str) -> int | None:
+        entries = _field(await self._json("GET", self._v1 + "/models", None, None), "data")
+        if not isinstance(entries, list):
+            return None
+        mine = [e for e in entries if isinstance(e, dict) and e.get("id") == model] or (entries if len(entries) == 1 else [])
+        return _whole(_field(mine[0], "max_model_len")) if mine else None
+
+    async def _window_llamacpp(self, model: str) -> int | None:
+        props = await self._json("GET", self._root + "/props", None, None)
+        return _whole(_field(_field(props, "default_generation_settings"), "n_ctx")) or _whole(_field(props, "n_ctx"))
+
+    async def _window_ollama(self, model: str) -> int | None:
+        shown = await self._json("POST", self._root + "/api/show", {"model": model}, None)
+        parameters = _field(shown, "parameters")
+        if isinstance(parameters, str):
+            for line in parameters.splitlines():
+                name, _, value = line.strip().partition(" ")
+                if name == "num_ctx" and value.strip().isdigit():
+                    return int(value.strip())
+        info = _field(shown, "model_info")
+        if isinstance(info, dict):
+            for name, value in info.items():
+                if name.endswith(".context_length"):
+                    return _whole(value)
+        return None
+
     async def _post_json(self, url: str, payload: dict[str, Any], headers: Mapping[str, str] | None) -> Any:
-        """POST `payload`; the answer's JSON (None when it is not JSON).
+        return await self._json("POST", url, payload, headers)
+
+    async def _json(self, method: str, url: str, payload: dict[str, Any] | None, headers: Mapping[str, str] | None) -> Any:
+        """`payload` sent (a GET without one); the answer's JSON (None when it is not JSON).
 
         Raises:
             BackendStatusError: an error status.
             BackendError: unreachable, timed out, or an answer too large to be a count.
         """
-        merged = {**self._auth, **(headers or {}), "content-type": "application/json", "accept": "application/json"}
-        request = self._client.build_request("POST", url, content=orjson.dumps(payload), headers=merged)
+        merged = {**self._auth, **(headers or {}), "accept": "application/json"}
+        content = None
+        if payload is not None:
+            merged["content-type"] = "application/json"
+            content = orjson.dumps(payload)
+        request = self._client.build_request(method, url, content=content, headers=merged)
         with map_backend_errors():
             response = await self._client.send(request, stream=True)
         try:

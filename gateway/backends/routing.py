@@ -50,7 +50,7 @@ from .config import BackendConfig, FallbackConfig, GatewayConfig, RouteTarget
 from .native import NativeRequest
 from .openai import COUNT_UNAVAILABLE
 
-__all__ = ["BackendState", "Router", "backend_models", "build_router", "models_for"]
+__all__ = ["BackendState", "Router", "backend_models", "build_router", "context_window_of", "models_for"]
 
 log = logging.getLogger("gateway.backends")
 
@@ -306,6 +306,17 @@ class Router:
                 return
         raise last_error
 
+    async def context_window(self, model: str) -> int | None:
+        """`model`'s context window: its route's `context_window`, else what the backend of its
+        first target says (asked once, `context_window_of`), else None."""
+        route = self.config.route_for(model)
+        if route is None:
+            return None
+        if route.context_window:
+            return route.context_window
+        target = route.targets[0]
+        return await context_window_of(self.backends[target.backend].adapter, target.model or model)
+
     async def list_models(self) -> list[dict[str, Any]]:
         """Every configured model name and each backend's own list, deduplicated, OpenAI's shape."""
         models: dict[str, dict[str, Any]] = {}
@@ -375,6 +386,13 @@ async def _first_batch(stream: Any) -> list[Any] | None:
         return await stream.__aiter__().__anext__()
     except StopAsyncIteration:
         return None
+
+
+async def context_window_of(backend: Any, model: str) -> int | None:
+    """A backend's context window for `model` (an optional capability, looked up by name: an
+    adapter without it, such as Anthropic's, does not know one)."""
+    ask = getattr(backend, "context_window", None)
+    return await ask(model) if ask is not None else None
 
 
 async def backend_models(adapter: Any) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ import orjson
 import trio
 
 from ..backends import BACKEND_WAIT, ChatBackend, ChatOpening, NativeRequest, WaitClock, WaitCounter, counting_waits
+from ..backends.routing import context_window_of
 from ..config import Settings
 from ..drain import Drain
 from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot, token_reservation
@@ -54,6 +55,7 @@ from ..store.base import OwnerView, save_retrying
 from ..streams.session import ResponseSession
 from ..streams.translator import ResponseTranslator, RoundCall
 from . import conversation
+from .fit import fit, room_for
 from .plan import ChatPlan, TranslateOptions, plan_chat_request
 from ..wire import CreateResponseRequest
 from .tools import (
@@ -176,6 +178,7 @@ async def run_rounds(
     admit_round: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     outcome: TurnOutcome | None = None,
     opening: ChatOpening | None = None,
+    refit: Callable[[GatewayError], Awaitable[bool]] | None = None,
 ) -> GatewayError | None:
     """Drive `session` through backend rounds and the gateway's tool calls until it is done.
 
@@ -187,7 +190,9 @@ async def run_rounds(
     loop's next backend call) and may refuse it with a `GatewayError`,
     which ends the session the same way.  `outcome` hears which backend
     answered each round.  `opening`: the first round's request, begun by
-    the backend already (`ChatBackend`).
+    the backend already (`ChatBackend`).  `refit` hears a first round's
+    refusal before anything of it is emitted; True: it changed the
+    request (fitted it into the context window), which is sent once more.
     """
     telemetry = telemetry or _NO_TELEMETRY
     # What the backend calls and the tool calls keep the turn waiting goes to its outcome.
@@ -204,8 +209,8 @@ async def run_rounds(
                     return error
             first = False
             with telemetry.span("backend round", round=getattr(session, "rounds", 0)):
-                failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome, opening) or failure
-                opening = None
+                failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome, opening, refit) or failure
+                opening = refit = None
             if session.calls:
 
                 async def report(call: RoundCall, outcome: ToolOutcome) -> None:
@@ -234,14 +239,47 @@ async def _run_round(
     telemetry: Telemetry,
     outcome: TurnOutcome | None,
     opening: ChatOpening | None = None,
+    refit: Callable[[GatewayError], Awaitable[bool]] | None = None,
+) -> GatewayError | None:
+    while True:
+        try:
+            return await _one_round(session, backend, emit, on_answer, telemetry, outcome, opening)
+        except _Refused as refused:
+            if refit is None or not await refit(refused.error):
+                error = refused.error
+                break
+            refit = opening = None  # (the fitted request, sent once more: no second fitting)
+    if on_answer is not None:
+        on_answer(error)
+    await emit(failed_with(session, error))
+    return error
+
+
+class _Refused(Exception):
+    """A round's backend failed before it answered (`refit` may change the request)."""
+
+    def __init__(self, error: GatewayError) -> None:
+        self.error = error
+
+
+async def _one_round(
+    session: Session,
+    backend: ChatBackend,
+    emit: Callable[[list[Any]], Awaitable[None]],
+    on_answer: Callable[[GatewayError | None], None] | None,
+    telemetry: Telemetry,
+    outcome: TurnOutcome | None,
+    opening: ChatOpening | None,
 ) -> GatewayError | None:
     headers = telemetry.trace_headers()
     if opening is None:
         opened = backend.open_chat_stream(session.request, headers=headers, native=session.native)
     else:  # (only a backend that began it takes `opening`)
         opened = backend.open_chat_stream(session.request, headers=headers, native=session.native, opening=opening)  # type: ignore[call-arg]
+    answered = False
     try:
         async with opened as stream:
+            answered = True
             if outcome is not None:
                 outcome.backend = getattr(stream, "backend", None)
             if on_answer is not None:
@@ -278,6 +316,8 @@ async def _run_round(
             await emit(session.end_of_stream())
     except GatewayError as error:
         telemetry.backend_error(error.code or "backend_error")
+        if not answered:
+            raise _Refused(error) from None
         if on_answer is not None:
             on_answer(error)
         await emit(failed_with(session, error))
@@ -420,6 +460,14 @@ async def _prepare(
         ),
     )
     model = str(plan.body["model"])
+    window = None
+    if req.truncation == "auto":  # (before the reservation: what it reserves is what goes)
+        window = await context_window_of(resources.backend, model)
+        if window is not None:
+            fitted, dropped = await fit(plan.body["messages"], room_for(window, req.max_output_tokens, "max_output_tokens"), _counter(resources, plan.body))
+            if dropped:
+                plan.body["messages"] = fitted
+                log.debug("response %s: %d oldest messages dropped to fit %d tokens (truncation auto)", response_id, dropped, window)
     started = arrived if arrived is not None else trio.current_time()  # (when the edge saw the request)
     outcome = TurnOutcome(response_id, model, transport, started, key=caller.name, request_id=request_id)
     tokens, max_tokens = token_reservation(plan.body, caller.limits)
@@ -428,7 +476,24 @@ async def _prepare(
     if not admit:
         resources.limiter.check_model(caller, model)
     slot = await resources.limiter.admit_stream(caller, model, response_id, tokens=tokens) if admit else None
-    return Turn(resources, req, prepared, plan, translator, hosted, gateway_tools, outcome, caller, slot, lock)
+    turn = Turn(resources, req, prepared, plan, translator, hosted, gateway_tools, outcome, caller, slot, lock)
+    turn.fits_on_error = req.truncation == "auto" and window is None
+    return turn
+
+
+def _counter(resources: Resources, body: dict[str, Any]) -> Callable[[list[dict[str, Any]]], Awaitable[int]]:
+    """The exact prompt tokens of `body` with other messages, counted by the backend; one it
+    refuses as too long counts as more than any window."""
+
+    async def count(messages: list[dict[str, Any]]) -> int:
+        try:
+            return await resources.backend.count_tokens({**body, "messages": messages}, headers=resources.telemetry.trace_headers())
+        except BackendStatusError as error:
+            if error.code != "context_length_exceeded":
+                raise
+            return 1 << 62
+
+    return count
 
 
 def _allow_list(settings: Settings) -> list[str]:
@@ -470,6 +535,8 @@ class Turn:
         self._gateway_tools = gateway_tools
         self._offered: RequestTools | None = None  # the configured tools, when `begin` offered them
         self._opening: ChatOpening | None = None  # the first round's request, when `begin` began it
+        # `truncation: "auto"` with a window nobody knew: the backend's context-length error fits it once.
+        self.fits_on_error = False
 
     @property
     def response(self) -> dict[str, Any]:
@@ -592,6 +659,7 @@ class Turn:
                         admit_round=self._admit_round,
                         outcome=self.outcome,
                         opening=self._opening,
+                        refit=self._refit if self.fits_on_error else None,
                     )
                     self._note_failure(failure)
             if stop.cancelled_caught and not session.done:
@@ -645,6 +713,24 @@ class Turn:
             if retraction:
                 self.failure = error
             return retraction or terminal
+
+    async def _refit(self, error: GatewayError) -> bool:
+        """`truncation: "auto"` with no window known: a context-length refusal that names the
+        window has the request fitted into it (once)."""
+        window = error.context_window if isinstance(error, BackendStatusError) else None
+        if window is None:
+            return False
+        request = self.session.request
+        try:
+            room = room_for(window, self.req.max_output_tokens, "max_output_tokens")
+            fitted, dropped = await fit(request["messages"], room, _counter(self.resources, request))
+        except GatewayError:
+            return False  # (it cannot be made to fit: the backend's refusal stands)
+        if not dropped:
+            return False
+        log.debug("response %s: %d oldest messages dropped to fit %d tokens (truncation auto, from the backend's refusal)", self.outcome.response_id, dropped, window)
+        request["messages"] = fitted
+        return True
 
     async def _admit_round(self, request: dict[str, Any]) -> None:
         """A tool loop's next backend round reserves its tokens like a request of its own."""
