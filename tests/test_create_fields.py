@@ -331,6 +331,20 @@ class _OneTool:
         return None
 
 
+async def compacts_past_its_threshold(ctx: Ctx, answer: dict[str, Any]) -> None:
+    """Under the threshold nothing happens; past it the compaction item leads the output
+    (tests/test_server_compaction.py for the rest)."""
+    assert [item["type"] for item in answer["output"]] == ["message"]
+    ctx.backend.tokenizer = "vllm"
+    try:
+        long = [{"role": "user", "content": "lorem ipsum " * 30}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "hi"}]
+        compacted = await ctx.create(input=long, context_management=[{"type": "compaction", "compact_threshold": 20}])
+        assert [item["type"] for item in compacted["output"]] == ["compaction", "message"]
+        assert ctx.sent["messages"][-1] == {"role": "user", "content": "hi"} and len(ctx.sent["messages"]) == 2
+    finally:
+        ctx.backend.tokenizer = None
+
+
 async def fits_the_context_window(ctx: Ctx, _: dict[str, Any]) -> None:
     """`auto` drops the oldest items to fit the window the backend says (tests/test_context_window.py
     for the rest); `disabled` leaves the backend's refusal."""
@@ -434,7 +448,7 @@ PROBES: dict[str, Probe] = {
     "background": Probe({"background": True}, runs_in_the_background),
     "background_options": Probe({"background": True, "background_options": {"completion_window": "8h", "continuation_id": "batch-7"}}, runs_in_the_background),
     "truncation": Probe({"truncation": "auto"}, fits_the_context_window, echo="truncation"),
-    "context_management": Probe({"context_management": [{"type": "compaction", "compact_threshold": 1000}]}),
+    "context_management": Probe({"context_management": [{"type": "compaction", "compact_threshold": 1000}]}, compacts_past_its_threshold),
     "prompt": Probe({"prompt": {"id": "pmpt_123", "variables": {"city": "Paris"}}}),
     "moderation": Probe({"moderation": {"model": "omni-moderation-latest"}}),
     "image.context_compression": Probe(

@@ -800,6 +800,17 @@ class ResponseTranslator:
         self._item_done(index, item, events)
         return events
 
+    def add_item(self, item: dict[str, Any], usage: Mapping[str, Any] | None = None) -> list[Event]:
+        """An item the gateway made whole (a turn's own `compaction`): added and done at once;
+        `usage`, what the backend spent making it, counts in the response's."""
+        if usage:
+            self._usage_total = sum_usage(self._usage_total, usage)
+        events = self.start() if not self.started else []
+        index = self._new_slot()
+        events.append(self._event("response.output_item.added", output_index=index, item=_copy_item(item)))
+        self._item_done(index, item, events)
+        return events
+
     def record_mcp_call(
         self,
         server_label: str,

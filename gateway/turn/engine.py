@@ -55,8 +55,9 @@ from ..store.base import OwnerView, save_retrying
 from ..streams.session import ResponseSession
 from ..streams.translator import ResponseTranslator, RoundCall
 from . import conversation
+from .compact import compacted, compaction_item, summarise
 from .fit import fit, room_for
-from .plan import ChatPlan, TranslateOptions, plan_chat_request
+from .plan import ChatPlan, TranslateOptions, compaction_asked, plan_chat_request
 from ..wire import CreateResponseRequest
 from .tools import (
     HostedSpec,
@@ -461,8 +462,12 @@ async def _prepare(
     )
     model = str(plan.body["model"])
     window = None
-    if req.truncation == "auto":  # (before the reservation: what it reserves is what goes)
+    compact_asked, compact_threshold = compaction_asked(req.context_management)
+    if req.truncation == "auto" or (compact_asked and compact_threshold is None):
         window = await context_window_of(resources.backend, model)
+    if compact_asked and compact_threshold is None and window is not None:
+        compact_threshold = window * 4 // 5  # (the default: 80% of the window, when it is known)
+    if req.truncation == "auto":  # (before the reservation: what it reserves is what goes)
         if window is not None:
             fitted, dropped = await fit(plan.body["messages"], room_for(window, req.max_output_tokens, "max_output_tokens"), _counter(resources, plan.body))
             if dropped:
@@ -478,6 +483,7 @@ async def _prepare(
     slot = await resources.limiter.admit_stream(caller, model, response_id, tokens=tokens) if admit else None
     turn = Turn(resources, req, prepared, plan, translator, hosted, gateway_tools, outcome, caller, slot, lock)
     turn.fits_on_error = req.truncation == "auto" and window is None
+    turn.compact_threshold = compact_threshold
     return turn
 
 
@@ -537,6 +543,8 @@ class Turn:
         self._opening: ChatOpening | None = None  # the first round's request, when `begin` began it
         # `truncation: "auto"` with a window nobody knew: the backend's context-length error fits it once.
         self.fits_on_error = False
+        # `context_management` compaction: the input tokens past which it is summarised first.
+        self.compact_threshold: int | None = None
 
     @property
     def response(self) -> dict[str, Any]:
@@ -546,9 +554,12 @@ class Turn:
         """Have the backend start on the first round's request now, when nothing the turn does
         before that round can change it: no hosted MCP servers to list, no approved calls to
         run first, no trace context to carry (a traced request's call carries its round's
-        span, which opens with the round).  What the transport sets up meanwhile overlaps the
-        backend's work; the first round takes the request up, or `abandon` lets it go."""
+        span, which opens with the round), no compaction that may come first.  What the
+        transport sets up meanwhile overlaps the backend's work; the first round takes the
+        request up, or `abandon` lets it go."""
         if self._opening is not None or self._offered is not None or self._hosted or self._approval_answers():
+            return
+        if self.compact_threshold is not None:
             return
         self._offered = self._offer_configured(RequestTools())
         self._opening = begin_round(self.resources, self.session)
@@ -646,6 +657,7 @@ class Turn:
             with self.resources.drain.stoppable() as stop:  # a drain out of time ends the turn here
                 async with contextlib.AsyncExitStack() as stack:  # the hosted MCP sessions live here
                     tools = await self.offer_tools(stack, hold_terminal)
+                    await self._compact_if_due(hold_terminal)
                     await self._resume_approvals(tools, hold_terminal)
                     failure = await run_rounds(
                         session,
@@ -713,6 +725,30 @@ class Turn:
             if retraction:
                 self.failure = error
             return retraction or terminal
+
+    async def _compact_if_due(self, emit: Emit) -> None:
+        """`context_management` compaction: an input past its threshold (counted by the backend)
+        is summarised first, and the turn runs on the instructions, the summary and the last user
+        turn; the `compaction` item leads the output.  A summary the backend could not make leaves
+        the input as it was."""
+        threshold = self.compact_threshold
+        if threshold is None:
+            return
+        resources = self.resources
+        request = self.session.request
+        headers = resources.telemetry.trace_headers()
+        try:
+            if await _counter(resources, request)(request["messages"]) <= threshold:
+                return
+            summary, usage = await summarise(resources.backend, request, headers=headers)
+        except GatewayError as error:
+            log.info("response %s: not compacted (%s); it runs on its whole input", self.outcome.response_id, error.code)
+            return
+        if not summary:
+            return
+        item = compaction_item(resources.sealer, resources.ids("cmp"), summary, self.caller.owner, replaces=True)
+        request["messages"] = compacted(request["messages"], summary)
+        await emit(self.translator.add_item(item, usage))
 
     async def _refit(self, error: GatewayError) -> bool:
         """`truncation: "auto"` with no window known: a context-length refusal that names the

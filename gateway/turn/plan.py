@@ -38,6 +38,8 @@ from ..wire import (
 
 __all__ = [
     "REQUEST_FIELDS",
+    "SUMMARY_HEAD",
+    "compaction_asked",
     "ChatPlan",
     "RequestField",
     "ToolKind",
@@ -150,7 +152,7 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField("background", "done", "run by the gateway's background runner: `queued` at once, then poll, follow or cancel it; echoed"),
     RequestField("background_options", "done", "a background response starts at once, which meets every `completion_window`; `continuation_id` has nothing to order"),
     RequestField("truncation", "done", "`auto`: when the input does not fit the model's context window (the route's `context_window`, else what the backend says) with room for `max_output_tokens`, the oldest items are dropped — never the instructions, the last user turn, or a tool call without its output — counted exactly by the backend's tokenizer; with no window known, the backend's context-length refusal is fitted once; `disabled` (the default): too long an input gets the backend's 400; echoed"),
-    RequestField("context_management", "refused", "automatic compaction: the gateway compacts only when asked, with `POST /v1/responses/compact`"),
+    RequestField("context_management", "done", "`[{\"type\": \"compaction\", \"compact_threshold\": N}]`: when the input passes N tokens (counted by the backend; without N, 80% of the context window when it is known), the conversation is summarised first (as `POST /v1/responses/compact` does) and the turn runs on the instructions, the summary and the last user turn; the `compaction` item leads the output, and a later request that carries it starts from it"),
     RequestField("prompt", "refused", "the gateway keeps no reusable prompts: send their text as `instructions` and `input`"),
     RequestField("moderation", "refused", "the gateway runs no moderation model, and cannot tell whether a backend would"),
     RequestField("image.context_compression", "refused", "`enabled`: images reach the backend as they were sent, never compressed; `auto` and `disabled` are accepted", allowed=("auto", "disabled")),
@@ -523,10 +525,49 @@ class _MessageBuilder:
                 param=f"{param}.encrypted_content",
                 code="invalid_encrypted_content",
             )
-        self.messages.append({"role": "system", "content": f"Summary of the conversation so far:\n{sealed.get('summary', '')}"})
+        if sealed.get("replaces"):  # made by a turn's own compaction: it stands for all before it
+            self.messages = [m for m in self.messages if m.get("role") in ("system", "developer")]
+        self.messages.append({"role": "system", "content": f"{SUMMARY_HEAD}{sealed.get('summary', '')}"})
 
     def finish(self) -> list[dict[str, Any]]:
         return _place_tool_results(self.messages)
+
+
+SUMMARY_HEAD = "Summary of the conversation so far:\n"  # how a compaction's summary reaches the model
+
+
+def compaction_asked(value: Any) -> tuple[bool, int | None]:
+    """What `context_management` asks (pure): whether to compact, and past how many input tokens
+    (None: the gateway's default).
+
+    Raises:
+        InvalidRequest: not a list of `{"type": "compaction", "compact_threshold": N}` entries with
+            N a positive integer; `param` names the field (`context_management[0].compact_threshold`).
+    """
+    if value is None:
+        return False, None
+    if not isinstance(value, list):
+        raise InvalidRequest("Invalid value for 'context_management': expected a list.", param="context_management", code="invalid_type")
+    threshold: int | None = None
+    for n, entry in enumerate(value):
+        where = f"context_management[{n}]"
+        if not isinstance(entry, dict):
+            raise InvalidRequest(f"Invalid value for '{where}': expected an object.", param=where, code="invalid_type")
+        if entry.get("type") != "compaction":
+            raise InvalidRequest(
+                f"Invalid value for '{where}.type': only 'compaction' is supported.", param=f"{where}.type", code="invalid_value"
+            )
+        given = entry.get("compact_threshold")
+        if given is None:
+            continue
+        if not isinstance(given, int) or isinstance(given, bool) or given < 1:
+            raise InvalidRequest(
+                f"Invalid value for '{where}.compact_threshold': expected a positive integer (tokens), got {given!r}.",
+                param=f"{where}.compact_threshold",
+                code="invalid_value",
+            )
+        threshold = given if threshold is None else min(threshold, given)
+    return bool(value), threshold
 
 
 # --- pairing tool results with their calls -------------------------------------------

@@ -264,10 +264,10 @@ class CreateResponseRequest(_Open):
     image: ImageOptionsParam | None = None
     access_programs: AccessProgramsParam | None = None
     background_options: BackgroundOptionsParam | None = None
+    context_management: Any = None  # read by `turn.plan.compaction_threshold`, which names what is wrong
     # Refused whenever they ask for something (see REQUEST_FIELDS); any shape is read as asking.
     prompt: Any = None
     moderation: Any = None
-    context_management: Any = None
 
 
 _REQUEST = TypeAdapter(CreateResponseRequest)
