@@ -59,6 +59,8 @@ class MessagesEvents:
         self.started = False
         self.over = False  # message_stop or error sent: nothing more
         self.failed = False
+        # `context_management.applied_edits` for `message_delta` (None: the request asked for none).
+        self.applied_edits: list[dict[str, Any]] | None = None
 
     def start(self) -> list[Event]:
         """`message_start` (once; every other method starts with it when it has not been sent)."""
@@ -128,7 +130,10 @@ class MessagesEvents:
             "cache_creation_input_tokens": created,
         }
         delta = {"stop_reason": self._stop_reason or "end_turn", "stop_sequence": self._stop_sequence}
-        return events + [{"type": "message_delta", "delta": delta, "usage": shown}, {"type": "message_stop"}]
+        last: Event = {"type": "message_delta", "delta": delta, "usage": shown}
+        if self.applied_edits is not None:
+            last["context_management"] = {"applied_edits": self.applied_edits}
+        return events + [last, {"type": "message_stop"}]
 
     def fail(self, status: int, message: str) -> list[Event]:
         """The message cannot be completed: one `error` event (Anthropic's shape) ends the stream."""
@@ -332,6 +337,8 @@ class MessageCollector:
             elif kind == "message_delta" and self.message is not None:
                 self.message.update(event["delta"])
                 self.message["usage"] = {**self.message.get("usage", {}), **event["usage"]}
+                if "context_management" in event:
+                    self.message["context_management"] = event["context_management"]
             elif kind == "error":
                 self.message, self.failed = None, True
                 return

@@ -27,6 +27,7 @@ from ..intake import RequestContext
 from ..streams.messages import MessagesSession
 from .chat import ChatTurn, admit_chat
 from .engine import Resources
+from .context_edits import apply_edits
 from .messages_plan import chat_request, native_body, unmapped
 from .threads import THREADS_BETA, open_thread
 
@@ -79,7 +80,8 @@ async def prepare_messages(
         enabled=resources.settings.message_threads,
     )
     try:
-        chat = _mapped(body, headers)
+        edited, applied = await _edited(resources, body)
+        chat = _mapped(edited, headers)
         admitted = await admit_chat(resources, chat, ctx, "msg", ctx.gateway_tools(), turn_id=message_id)
     except BaseException:
         if threading is not None:
@@ -97,9 +99,27 @@ async def prepare_messages(
         native=native,
         collect=threading is not None,
     )
+    session.events.applied_edits = applied
     turn = ChatTurn(resources, session, admitted, relayed=False, streamed=bool(body.get("stream")))
     turn.threading = threading
     return turn
+
+
+async def _edited(resources: Resources, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """The body a chat backend gets after `context_management.edits` (`context_edits`), and the
+    edits applied (None: none were asked).  A backend that speaks Messages gets the client's
+    own body and applies them itself."""
+    config = body.get("context_management")
+    edits = config.get("edits") if isinstance(config, dict) else None
+    if not isinstance(edits, list):
+        return body, None
+
+    async def count(messages: list[dict[str, Any]]) -> int:
+        chat = chat_request({**body, "messages": messages})
+        return await resources.backend.count_tokens(chat, headers=resources.telemetry.trace_headers())
+
+    messages, applied, _ = await apply_edits(edits, body["messages"], count)
+    return {**body, "messages": messages}, applied
 
 
 async def count_message_tokens(
