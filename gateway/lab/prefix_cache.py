@@ -169,7 +169,7 @@ async def measure(*, requests: int = 4, n_ctx: int = 32768, keep_billing_header:
 
     volatile = messages_plan._volatile
     if keep_billing_header:  # the earlier behaviour: the block at the head of the prompt
-        messages_plan._volatile = lambda text: False  # type: ignore[assignment]
+        messages_plan._volatile = lambda text: False
     try:
         async with trio.open_nursery() as nursery:
             base = await nursery.start(functools.partial(run_llama_server, n_ctx=n_ctx, verbosity=0))
@@ -182,7 +182,7 @@ async def measure(*, requests: int = 4, n_ctx: int = 32768, keep_billing_header:
             await (_replay(url) if replay else _session(url, requests, DEFAULT_ALIAS))
             nursery.cancel_scope.cancel()
     finally:
-        messages_plan._volatile = volatile  # type: ignore[assignment]
+        messages_plan._volatile = volatile
     return recording.seen
 
 
