@@ -155,6 +155,12 @@ class Settings(BaseSettings):
         description="Seconds a stored response is kept (30 days, as OpenAI keeps them); 0 keeps it until deleted or evicted.",
     )
     max_conversation_history: int = Field(100, ge=1, description="Stored responses kept by the memory store.")
+    web_search_url: str = Field(
+        "",
+        description="A self-hosted SearXNG (or searx) instance the gateway searches the web with, for clients' "
+        "web search tools (its JSON format on); empty: web search tools are left out.",
+    )
+    web_search_timeout: float = Field(10.0, gt=0, description="Seconds a web search may take before it is a tool error.")
     message_threads: bool = Field(
         True,
         description="Keep the Messages API's message threads (`thread`) in the store; off: a request with "
@@ -256,6 +262,14 @@ class Settings(BaseSettings):
     @classmethod
     def _lower_format(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("web_search_url")
+    @classmethod
+    def _search_engine_url(cls, value: str) -> str:
+        value = value.strip()
+        if value and not (value.startswith("http://") or value.startswith("https://")):
+            raise ValueError("must be an http:// or https:// URL (the SearXNG instance), or empty")
+        return value
 
     @field_validator("openai_base_url_internal")
     @classmethod

@@ -189,6 +189,7 @@ class Lifespan:
             telemetry=self.telemetry,
             limiter=limiter,
             drain=self.drain,
+            web_search=self._web_search(settings),
         )
         return Shared(resources, keyring, limiter, readiness, heartbeats, runner)
 
@@ -203,6 +204,17 @@ class Lifespan:
                 await resource.aclose()
         with trio.CancelScope(shield=True):
             await self.telemetry.aclose()  # the last spans, the request's own among them
+
+    def _web_search(self, settings: Settings) -> Any:
+        """The gateway's web search, when WEB_SEARCH_URL names an engine (its HTTP client owned here)."""
+        if not settings.web_search_url:
+            return None
+        import httpx2
+
+        from .builtins import SearxngProvider, WebSearch
+
+        client = self._own(httpx2.AsyncClient(timeout=settings.web_search_timeout, follow_redirects=False))
+        return WebSearch(SearxngProvider(settings.web_search_url, client, timeout=settings.web_search_timeout))
 
     def _own(self, resource: Any) -> Any:
         self._owned.append(resource)

@@ -7,6 +7,8 @@ the gateway sent upstream and that it hung up.
 
 from __future__ import annotations
 
+import re
+
 import functools
 import gzip
 from collections.abc import Awaitable, Callable, Sequence
@@ -504,6 +506,8 @@ class ScriptedBackend:
                 await _json(send, 400, {"error": {"message": refusal, "type": "invalid_request_error", "param": "messages"}})
                 return
             script = _numbered_call_script(body)
+        elif model == "searcher":
+            script = _searcher_script(body)
         elif model == "lookup-twice":
             refusal = _unanswered_calls(body)
             if refusal is not None:
@@ -629,6 +633,24 @@ def _numbered_call_script(body: dict[str, Any]) -> list[Any]:
     results = sum(1 for m in body.get("messages") or () if m.get("role") == "tool")
     return [
         chunk(call_delta(0, id="call_0", name="lookup", args='{"turn": %d}' % results)),
+        chunk(finish="tool_calls"),
+        usage_chunk(),
+        b"[DONE]",
+    ]
+
+
+SEARCH_QUERY = "structured concurrency"
+
+
+def _searcher_script(body: dict[str, Any]) -> list[Any]:
+    """Search the web (`web_search`) once; with its results, answer citing the first URL they hold."""
+    results = [m["content"] for m in body.get("messages") or () if m.get("role") == "tool"]
+    if results:
+        urls = re.findall(r"https?://\S+", str(results[-1]))
+        text = f"See {urls[0]} for more." if urls else f"The search said: {results[-1][:60]}"
+        return [chunk({"content": text}), chunk(finish="stop"), usage_chunk(), b"[DONE]"]
+    return [
+        chunk(call_delta(0, id="call_s1", name="web_search", args=orjson.dumps({"query": SEARCH_QUERY}).decode())),
         chunk(finish="tool_calls"),
         usage_chunk(),
         b"[DONE]",

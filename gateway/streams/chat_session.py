@@ -198,7 +198,9 @@ class ChatSession:
         self.calls = []
         return [{"error": {"message": message, "type": type, "param": param, "code": code}}]
 
-    def tool_result(self, call: RoundCall, *, output: str | None = None, error: str | None = None) -> list[Chunk]:
+    def tool_result(
+        self, call: RoundCall, *, output: str | None = None, error: str | None = None, detail: dict[str, Any] | None = None
+    ) -> list[Chunk]:
         self._results[call.item_id] = (output or "") if error is None else f"Error: {error}"
         return []
 

@@ -274,7 +274,9 @@ class MessagesSession:
             self.answer.feed(events)
         return events
 
-    def tool_result(self, call: RoundCall, *, output: str | None = None, error: str | None = None) -> list[Event]:
+    def tool_result(
+        self, call: RoundCall, *, output: str | None = None, error: str | None = None, detail: dict[str, Any] | None = None
+    ) -> list[Event]:
         return self._events(self.chat.tool_result(call, output=output, error=error))
 
     def tools_done(self) -> list[Event]:

@@ -130,10 +130,13 @@ class ResponseSession:
         self.calls = []
         return self.translator.finish(incomplete_reason=incomplete_reason)
 
-    def tool_result(self, call: RoundCall, *, output: str | None = None, error: str | None = None) -> list[Event]:
-        """The outcome of one of `calls`: its `mcp_call` item completes (or fails)."""
+    def tool_result(
+        self, call: RoundCall, *, output: str | None = None, error: str | None = None, detail: dict[str, Any] | None = None
+    ) -> list[Event]:
+        """The outcome of one of `calls`: its `mcp_call` item completes (or fails); a built-in
+        tool's item takes `detail`."""
         self._results[call.item_id] = _text_for_model(output, error)
-        return self.translator.complete_mcp_call(call.item_id, output=output, error=error)
+        return self.translator.complete_mcp_call(call.item_id, output=output, error=error, detail=detail)
 
     def tools_done(self) -> list[Event]:
         """Every call of the round has its result: ask the backend again, or end.

@@ -478,6 +478,15 @@ MCP_CALL = _CallKind(
     done=None,
     runs_in_gateway=True,
 )
+WEB_SEARCH_CALL = _CallKind(  # the gateway's web search (`gateway.builtins`): searched, then completed
+    "web_search_call",
+    "ws",
+    None,
+    opened=lambda c: {"status": "in_progress", "action": {"type": "search"}},
+    closing=lambda c, a: [("response.web_search_call.in_progress", {}), ("response.web_search_call.searching", {})],
+    done=None,
+    runs_in_gateway=True,
+)
 MCP_APPROVAL_REQUEST = _CallKind(
     "mcp_approval_request",
     "mcpr",
@@ -527,6 +536,7 @@ class ResponseTranslator:
         # name -> server label: calls the gateway runs itself become mcp_call items.
         self._gateway_tools = dict(gateway_tools or {})
         self._approval: frozenset[str] = frozenset()
+        self._builtins: dict[str, str] = {}  # name -> item type: the gateway's built-in tools (web_search_call)
         # chat function name -> the client's tool (kind "custom" or a namespaced "function")
         self._tool_kinds = dict(tool_kinds or {})
         self._seal_reasoning = seal_reasoning  # include: reasoning.encrypted_content
@@ -778,10 +788,14 @@ class ResponseTranslator:
 
     # ------------------------------------------------------------ mcp tools
 
-    def set_gateway_tools(self, routes: Mapping[str, str], approval: Iterable[str] = ()) -> None:
-        """Which names the gateway runs (name -> server label), and which of them need approval first."""
+    def set_gateway_tools(
+        self, routes: Mapping[str, str], approval: Iterable[str] = (), builtins: Mapping[str, str] | None = None
+    ) -> None:
+        """Which names the gateway runs (name -> server label), which of them need approval
+        first, and which are its built-in tools (name -> the item type their calls show as)."""
         self._gateway_tools = dict(routes)
         self._approval = frozenset(approval)
+        self._builtins = dict(builtins or {})
 
     def list_tools(self, server_label: str, tools: list[dict[str, Any]], error: str | None = None) -> list[Event]:
         """An `mcp_list_tools` item: the tools a hosted MCP server offers (or why it could not say)."""
@@ -863,12 +877,20 @@ class ResponseTranslator:
             for c in (*self._open_calls, *self._unopened)
         )
 
-    def complete_mcp_call(self, item_id: str, *, output: str | None = None, error: str | None = None) -> list[Event]:
-        """The result of a gateway tool call: `mcp_call.completed` or `.failed`, then the item is done."""
+    def complete_mcp_call(
+        self, item_id: str, *, output: str | None = None, error: str | None = None, detail: Mapping[str, Any] | None = None
+    ) -> list[Event]:
+        """The result of a gateway tool call: `mcp_call.completed` or `.failed`, then the item is
+        done; a built-in tool's item takes its `detail` (`web_search_call.completed`)."""
         pending = self._pending_mcp.pop(item_id, None)
         if pending is None or self.done:
             return []
         index, item = pending
+        if item["type"] == WEB_SEARCH_CALL.item_type:
+            item.update(detail or {"status": "failed" if error is not None else "completed"})
+            events = [self._event("response.web_search_call.completed", item_id=item_id, output_index=index)]
+            self._item_done(index, item, events)
+            return events
         failed = error is not None
         item.update(output=output, error=error, status="failed" if failed else "completed")
         kind = "response.mcp_call.failed" if failed else "response.mcp_call.completed"
@@ -1141,7 +1163,9 @@ class ResponseTranslator:
         call.index = self._new_slot()
         call.server = self._gateway_tools.get(call.name)
         client_tool = self._tool_kinds.get(call.name) if call.server is None else None
-        if call.server is not None:
+        if call.server is not None and call.name in self._builtins:
+            call.kind = WEB_SEARCH_CALL
+        elif call.server is not None:
             call.kind = MCP_APPROVAL_REQUEST if call.name in self._approval else MCP_CALL
         elif client_tool is not None and client_tool.kind == "custom":
             call.kind = CUSTOM_TOOL_CALL
@@ -1177,7 +1201,8 @@ class ResponseTranslator:
         if kind.done is None:
             # Arguments are complete; the item stays open until the gateway's tool answers.
             pending = kind.item(call, kind.opened(call))
-            pending["arguments"] = arguments
+            if kind is MCP_CALL:
+                pending["arguments"] = arguments
             self._pending_mcp[call.id] = (call.index, pending)
             return
         item = kind.item(call, kind.done(call, arguments, status))

@@ -35,6 +35,7 @@ import trio
 
 from ..backends import BACKEND_WAIT, ChatBackend, ChatOpening, NativeRequest, WaitClock, WaitCounter, counting_waits
 from ..backends.routing import context_window_of
+from ..builtins.search import FUNCTION as WEB_SEARCH_FUNCTION, WEB_SEARCH_TYPES, Found, WebSearch
 from ..config import Settings
 from ..drain import Drain
 from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot, token_reservation
@@ -95,6 +96,7 @@ class Resources:
     telemetry: Telemetry = field(default_factory=Telemetry)
     limiter: Limiter = field(default_factory=lambda: Limiter(None))
     drain: Drain = field(default_factory=Drain)
+    web_search: WebSearch | None = None  # the gateway's web search, when WEB_SEARCH_URL names an engine
 
     @functools.cached_property
     def conversation_locks(self) -> conversation.ConversationLocks:
@@ -145,7 +147,9 @@ class Session(Protocol):
 
     def fail(self, code: str, message: str, *, type: str = ..., param: str | None = ..., status: int = ...) -> list[Any]: ...
 
-    def tool_result(self, call: RoundCall, *, output: str | None = ..., error: str | None = ...) -> list[Any]: ...
+    def tool_result(
+        self, call: RoundCall, *, output: str | None = ..., error: str | None = ..., detail: dict[str, Any] | None = ...
+    ) -> list[Any]: ...
 
     def tools_done(self) -> list[Any]: ...
 
@@ -215,7 +219,7 @@ async def run_rounds(
             if session.calls:
 
                 async def report(call: RoundCall, outcome: ToolOutcome) -> None:
-                    await emit(session.tool_result(call, output=outcome.output, error=outcome.error))
+                    await emit(session.tool_result(call, output=outcome.output, error=outcome.error, detail=outcome.detail))
 
                 began = trio.current_time()
                 try:
@@ -500,6 +504,15 @@ def _counter(resources: Resources, body: dict[str, Any]) -> Callable[[list[dict[
             return 1 << 62
 
     return count
+
+
+def _search_item(found: Found, sources: bool) -> dict[str, Any]:
+    """A `web_search_call` item's `status` and `action` for what one search found (`sources`: as
+    `include: ["web_search_call.action.sources"]` asks)."""
+    action: dict[str, Any] = {"type": "search", "query": found.query, "queries": [found.query] if found.query else []}
+    if sources:
+        action["sources"] = [{"type": "url", "url": result.url} for result in found.results]
+    return {"status": "failed" if found.error else "completed", "action": action}
 
 
 def _allow_list(settings: Settings) -> list[str]:
@@ -856,12 +869,36 @@ class Turn:
         if self._gateway_tools and offered:
             taken = {t["function"]["name"] for t in plan.body.get("tools", ())}
             offer_configured(tools, self.resources.mcp, taken=taken, limits=self.caller.limits)
-        if tools.routes and offered:
+        forced = isinstance(self.req.tool_choice, dict) and self.req.tool_choice.get("type") in WEB_SEARCH_TYPES
+        if offered or forced:
+            self._offer_builtins(tools)
+        if tools.routes and (offered or forced):
             plan.body.setdefault("tools", []).extend(tools.chat_tools)
-            self.translator.set_gateway_tools(tools.routes, tools.approval)
+            self.translator.set_gateway_tools(tools.routes, tools.approval, tools.builtins)
             if self.req.tool_choice == "required":  # the gateway's tools are the ones to choose from
                 plan.body.setdefault("tool_choice", "required")
         return tools
+
+    def _offer_builtins(self, tools: RequestTools) -> None:
+        """The built-in tools the request's own tools ask for (web search), when the gateway has
+        them: the client asked for them by name, so they are offered whatever `gateway_tools` says."""
+        options, engine = self.plan.web_search, self.resources.web_search
+        if options is None or engine is None:
+            return
+        sources = "web_search_call.action.sources" in (self.req.include or ())
+        used = [0]
+
+        async def search(arguments: dict[str, Any]) -> ToolOutcome:
+            used[0] += 1
+            if options.max_uses is not None and used[0] > options.max_uses:
+                return ToolOutcome(error=f"the web search may be used at most {options.max_uses} times in this response")
+            text, found = await engine.run(arguments, options)
+            return ToolOutcome(output=text, detail=_search_item(found, sources))
+
+        tools.add_builtin(WEB_SEARCH_FUNCTION, "web_search_call", search)
+        choice = self.req.tool_choice
+        if isinstance(choice, dict) and choice.get("type") in WEB_SEARCH_TYPES:
+            self.plan.body["tool_choice"] = {"type": "function", "function": {"name": WEB_SEARCH_FUNCTION["name"]}}
 
     def _approval_answers(self) -> list[Any]:
         """The input's `mcp_approval_response` items (calls to run, or decline, before the first round)."""

@@ -14,13 +14,14 @@ it, and a test walks it over real sockets.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel
 
+from ..builtins.search import WEB_SEARCH_TYPES, SearchOptions, responses_search_options
 from ..errors import InvalidRequest
 from ..wire import (
     CreateResponseRequest,
@@ -108,14 +109,16 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField("include", "done", "always so: stored input items keep their `image_url` (`GET /v1/responses/{id}/input_items`)", value="message.input_image.image_url"),
     RequestField("include", "done", "nothing to include: `computer_call_output` input items are refused (no chat backend runs a computer)", value="computer_call_output.output.image_url"),
     RequestField("include", "done", _skipped_tool("file_search", "file_search_call"), value="file_search_call.results"),
-    RequestField("include", "done", _skipped_tool("web_search", "web_search_call"), value="web_search_call.results"),
-    RequestField("include", "done", _skipped_tool("web_search", "web_search_call"), value="web_search_call.action.sources"),
+    RequestField("include", "done", "nothing more to include: the model reads the results, the `web_search_call` item shows the search (its `action`); without `WEB_SEARCH_URL` no such item is produced", value="web_search_call.results"),
+    RequestField("include", "done", "`web_search_call` items (the gateway's web search, `WEB_SEARCH_URL`) carry `action.sources`: the URLs of the results the model read", value="web_search_call.action.sources"),
     RequestField("include", "done", _skipped_tool("code_interpreter", "code_interpreter_call"), value="code_interpreter_call.outputs"),
     RequestField(
         "tools", "forwarded",
         "`function` and `custom` tools (`namespace` ones flattened to `namespace__name`) as chat `tools`; `mcp` servers "
-        "are run by the gateway (see MCP tools); types no chat backend can serve (`web_search`, `file_search`, "
-        "`code_interpreter`, …) are left out, with a warning in the log; echoed",
+        "are run by the gateway (see MCP tools); `web_search` (and its dated and preview names) is run by the gateway "
+        "on a SearXNG instance when `WEB_SEARCH_URL` names one (see Web search); types no chat backend can serve "
+        "(`file_search`, `code_interpreter`, …, and `web_search` without an engine) are left out, with a warning in "
+        "the log; echoed",
     ),
     RequestField("tool_choice", "forwarded", "chat `tool_choice`; `allowed_tools` sends only the allowed subset, and calls outside what it allows are dropped from the output; echoed"),
     RequestField("parallel_tool_calls", "forwarded", "chat `parallel_tool_calls`, when there are tools to call; echoed"),
@@ -260,6 +263,8 @@ class ChatPlan:
     skipped_tools: list[str] = field(default_factory=list)
     # Flattened chat function name -> what the client called it (custom tools, namespaces).
     tool_kinds: dict[str, ToolKind] = field(default_factory=dict)
+    # What the request's web search tool asks, when it has one (the gateway runs it: `gateway.builtins`).
+    web_search: SearchOptions | None = None
 
 
 def plan_chat_request(
@@ -304,6 +309,9 @@ def plan_chat_request(
         "stream_options": {"include_usage": True},
     }
     chat_tools, echo_tools, skipped, kinds = _tools(req.tools)
+    web_search = next(
+        (responses_search_options(tool, n) for n, tool in enumerate(req.tools or ()) if tool.get("type") in WEB_SEARCH_TYPES), None
+    )
     tool_choice_echo: Any = "auto"
     allowed: frozenset[str] | None = None
     if chat_tools:
@@ -345,7 +353,7 @@ def plan_chat_request(
         body["prompt_cache_options"] = {k: v for k, v in (("mode", cache.mode), ("ttl", cache.ttl)) if v is not None}
 
     response = _skeleton(req, response_id, created_at, echo_tools, tool_choice_echo, text_format)
-    return ChatPlan(body=body, response=response, allowed_tools=allowed, skipped_tools=skipped, tool_kinds=kinds)
+    return ChatPlan(body=body, response=response, allowed_tools=allowed, skipped_tools=skipped, tool_kinds=kinds, web_search=web_search)
 
 
 # --- messages --------------------------------------------------------------------
@@ -413,6 +421,10 @@ def _input_messages(
                 ),
                 param,
             )
+        elif item.type == "web_search_call":  # (Codex replays them, sometimes without an id)
+            call, output = _searched(item.model_dump(), index)
+            builder.function_call(call)
+            builder.function_call_output(output, param)
         elif item.type in _CONTEXT_ONLY_ITEMS:
             continue  # records of what the gateway did; nothing for the model to read
         else:
@@ -422,6 +434,27 @@ def _input_messages(
                 code="unsupported_item_type",
             )
     return builder.finish()
+
+
+def _searched(data: Mapping[str, Any], index: int) -> tuple[FunctionCallItem, FunctionCallOutputItem]:
+    """A `web_search_call` item as the search it was: the model's `web_search` call, and a result
+    naming what it found (its `sources`, when the item carries them)."""
+    given = data.get("action")
+    action: dict[str, Any] = given if isinstance(given, dict) else {}
+    call_id = str(data.get("id") or f"ws_input_{index}")
+    kind = action.get("type") or "search"
+    if kind == "search":
+        query = action.get("query") or " ".join(q for q in action.get("queries") or () if isinstance(q, str))
+        arguments: dict[str, Any] = {"query": query or ""}
+        said = f"Searched the web for {query!r}."
+    else:  # open_page, find_in_page: what was looked at
+        arguments = {k: v for k, v in action.items() if k != "type"}
+        said = f"{kind}: {orjson.dumps(arguments).decode()}."
+    urls = [str(s["url"]) for s in action.get("sources") or () if isinstance(s, dict) and isinstance(s.get("url"), str)]
+    if urls:
+        said += " Sources: " + ", ".join(urls)
+    call = FunctionCallItem(type="function_call", call_id=call_id, name="web_search" if kind == "search" else kind, arguments=orjson.dumps(arguments).decode())
+    return call, FunctionCallOutputItem(type="function_call_output", call_id=call_id, output=said)
 
 
 class _MessageBuilder:
@@ -896,6 +929,8 @@ def _tool_choice(
             code="invalid_value",
         )
     kind = choice.get("type")
+    if kind in WEB_SEARCH_TYPES:  # forced onto the gateway's web search once it is offered
+        return None, choice, None, None
     if kind == "function":
         name = choice.get("name")
         if not isinstance(name, str) or not name:

@@ -30,6 +30,7 @@ from ..observe import Telemetry
 from ..streams.translator import RoundCall
 
 __all__ = [
+    "Builtin",
     "HostedListing",
     "HostedSpec",
     "RequestTools",
@@ -51,6 +52,12 @@ log = logging.getLogger("gateway.tools")
 class ToolOutcome:
     output: str | None = None
     error: str | None = None
+    # What the client's item shows beyond the text (a built-in tool's `action` and `status`).
+    detail: dict[str, Any] | None = None
+
+
+# A built-in tool's runner (`gateway.builtins`): the call's arguments in, its outcome out; never raises.
+Builtin = Callable[[dict[str, Any]], Awaitable[ToolOutcome]]
 
 
 class ToolSource(Protocol):
@@ -68,7 +75,18 @@ class RequestTools:
     chat_tools: list[dict[str, Any]] = field(default_factory=list)
     routes: dict[str, str] = field(default_factory=dict)  # offered name -> server label
     approval: set[str] = field(default_factory=set)  # offered names that need the client's approval first
+    builtins: dict[str, str] = field(default_factory=dict)  # offered name -> the item type its calls show as
     _sources: dict[str, tuple[ToolSource, str]] = field(default_factory=dict)  # offered name -> (source, its name)
+    _runners: dict[str, Builtin] = field(default_factory=dict)
+
+    def add_builtin(self, function: dict[str, Any], item_type: str, runner: Builtin) -> None:
+        """A built-in tool (`gateway.builtins`): offered as `function`, its calls shown as
+        `item_type` items and run by `runner`."""
+        name = function["name"]
+        self.routes[name] = name  # (its "server", in metrics and spans)
+        self.builtins[name] = item_type
+        self._runners[name] = runner
+        self.chat_tools.append({"type": "function", "function": function})
 
     def add(self, source: ToolSource, tool: Any, *, offered: str | None = None) -> None:
         name = offered or tool.name
@@ -84,8 +102,9 @@ class RequestTools:
 
     async def run(self, call: RoundCall) -> ToolOutcome:
         """Run one call; every failure comes back as `ToolOutcome(error=...)`."""
+        runner = self._runners.get(call.name)
         source_and_name = self._sources.get(call.name)
-        if source_and_name is None:
+        if source_and_name is None and runner is None:
             return ToolOutcome(error=f"unknown tool {call.name!r}")
         try:
             arguments = json.loads(call.arguments) if call.arguments.strip() else {}
@@ -93,6 +112,9 @@ class RequestTools:
             return ToolOutcome(error="the tool arguments are not valid JSON")
         if not isinstance(arguments, dict):
             return ToolOutcome(error="the tool arguments must be a JSON object")
+        if runner is not None:
+            return await runner(arguments)
+        assert source_and_name is not None
         source, name = source_and_name
         result = await source.call(name, arguments)
         if result.is_error:

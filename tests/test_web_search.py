@@ -1,0 +1,204 @@
+"""Web search run by the gateway for Responses clients, against a real searx on loopback.
+
+The engine is Debian's searx with one offline engine over fixtures/search
+(tests/searx.py); the model is the scripted backend's `searcher` (it calls
+`web_search` once, then answers citing the first URL it was given); the
+client is the openai SDK, or raw HTTP where events are checked one by one.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import openai
+import pytest
+import trio
+
+import gateway
+from conftest import make_settings, parse_sse
+from gateway.builtins.search import SearchError, domain_allowed, parse_searxng, results_text, SearchResult
+from scripted_backend import SEARCH_QUERY
+from searx import CORPUS, SEARX, start_searx
+
+needs_searx = pytest.mark.skipif(SEARX is None, reason="searx is not installed (.ci/run installs Debian's searx)")
+SEARCH = [{"type": "web_search"}]
+
+
+@pytest.fixture
+async def searx_url(nursery, tmp_path):
+    return await start_searx(nursery, tmp_path)
+
+
+@pytest.fixture
+async def searching(searx_url, start_gateway):
+    return await start_gateway(web_search_url=searx_url)
+
+
+def sdk(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+
+
+def tool_result(backend: Any) -> str:
+    return str([m for m in backend.chat_requests[-1]["messages"] if m["role"] == "tool"][-1]["content"])
+
+
+# --- pure ---------------------------------------------------------------------------------------
+
+
+def test_searxngs_answer_is_read_and_no_engine_answering_is_an_error_never_an_empty_list():
+    body = b'{"results": [{"title": "T", "url": "https://a.example/x", "content": " s "}, {"url": "ftp://b"}], "unresponsive_engines": []}'
+    assert parse_searxng(body) == [SearchResult("T", "https://a.example/x", "s")]
+    with pytest.raises(SearchError) as failed:
+        parse_searxng(b'{"results": [], "unresponsive_engines": [["corpus", "timeout"]]}')
+    assert failed.value.kind == "no_engine" and "corpus" in failed.value.message
+    with pytest.raises(SearchError) as bad:
+        parse_searxng(b"<html>not json</html>")
+    assert bad.value.kind == "bad_answer"
+
+
+def test_domain_filters_cover_subdomains_and_blocked_wins():
+    assert domain_allowed("https://docs.python.org/3/", ("python.org",), ())
+    assert not domain_allowed("https://notpython.org/", ("python.org",), ())
+    assert not domain_allowed("https://a.b.example.com/", (), ("example.com",))
+    assert not domain_allowed("https://x.org/", ("x.org",), ("x.org",))
+
+
+def test_the_model_reads_numbered_results_with_their_urls_and_trimmed_snippets():
+    text = results_text("q", [SearchResult("One", "https://one.example/", "a" * 50)], 20)
+    assert text.splitlines() == ["Results for 'q':", "", "[1] One", "https://one.example/", "a" * 19 + "…"]
+
+
+# --- over real sockets, against searx ------------------------------------------------------------
+
+
+@needs_searx
+async def test_a_search_the_model_asks_for_is_run_by_the_gateway_and_shown_as_a_web_search_call(searching, backend):
+    with trio.fail_after(30):
+        answer = await sdk(searching).responses.create(
+            model="searcher", input="What is structured concurrency?", tools=SEARCH, include=["web_search_call.action.sources"]  # type: ignore[list-item]
+        )
+    assert [item.type for item in answer.output] == ["web_search_call", "message"]
+    call = answer.output[0]
+    assert call.status == "completed" and call.action.type == "search"  # type: ignore[union-attr]
+    assert call.action.query == SEARCH_QUERY and call.action.queries == [SEARCH_QUERY]  # type: ignore[union-attr]
+    urls = [source.url for source in call.action.sources]  # type: ignore[union-attr]
+    matching = [page["url"] for page in CORPUS if "structured concurrency" in (page["title"] + page["content"]).lower()]
+    assert urls == matching[:5]  # the engine's order, `medium` context: five
+    assert answer.output_text == f"See {urls[0]} for more."
+    # The model got the results as a tool result; the client's web_search tool never reached it as is.
+    assert f"[1] {CORPUS[0]['title']}\n{urls[0]}" in tool_result(backend)
+    offered = backend.chat_requests[0]["tools"]
+    assert [t["function"]["name"] for t in offered] == ["web_search"]
+    assert offered[0]["function"]["parameters"]["required"] == ["query"]
+
+
+@needs_searx
+async def test_a_streamed_search_has_its_events_between_the_items_added_and_done(searching, client):
+    r = await client.post(
+        searching + "/v1/responses",
+        json={"model": "searcher", "input": "hi", "tools": SEARCH, "stream": True},
+    )
+    events = [e for e in parse_sse(r.content) if isinstance(e, dict)]
+    mine = [e for e in events if e.get("output_index") == 0 and e["type"] != "response.created"]
+    assert [e["type"] for e in mine] == [
+        "response.output_item.added",
+        "response.web_search_call.in_progress",
+        "response.web_search_call.searching",
+        "response.web_search_call.completed",
+        "response.output_item.done",
+    ]
+    assert mine[0]["item"] == {"id": mine[0]["item"]["id"], "type": "web_search_call", "status": "in_progress", "action": {"type": "search"}}
+    done = mine[-1]["item"]
+    assert done["status"] == "completed" and done["action"] == {"type": "search", "query": SEARCH_QUERY, "queries": [SEARCH_QUERY]}
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.completed"
+
+
+@needs_searx
+async def test_domain_filters_and_the_context_size_shape_what_the_model_sees(searching, backend):
+    tools = [{"type": "web_search", "filters": {"allowed_domains": ["trio.readthedocs.io"]}, "search_context_size": "low"}]
+    with trio.fail_after(30):
+        answer = await sdk(searching).responses.create(model="searcher", input="q", tools=tools, include=["web_search_call.action.sources"])  # type: ignore[arg-type, list-item]
+    urls = [s.url for s in answer.output[0].action.sources]  # type: ignore[union-attr]
+    assert urls and all(u.startswith("https://trio.readthedocs.io/") for u in urls)
+    assert "vorpus.org" not in tool_result(backend)
+
+
+@needs_searx
+async def test_an_engine_that_is_down_is_a_tool_error_the_model_reads_and_the_response_completes(start_gateway, backend):
+    url = await start_gateway(web_search_url="http://127.0.0.1:9")
+    with trio.fail_after(30):
+        answer = await sdk(url).responses.create(model="searcher", input="q", tools=SEARCH)  # type: ignore[list-item]
+    assert answer.status == "completed" and answer.output[0].status == "failed"  # type: ignore[union-attr]
+    assert tool_result(backend).startswith("Error: the web search failed: the search engine could not be reached")
+
+
+async def test_without_an_engine_a_web_search_tool_is_left_out_as_before(gateway_url, backend):
+    with trio.fail_after(30):
+        answer = await sdk(gateway_url).responses.create(model="text", input="q", tools=SEARCH)  # type: ignore[list-item]
+    assert answer.output_text == "Hello, world!" and "tools" not in backend.chat_requests[-1]
+
+
+@pytest.mark.parametrize(
+    "tool, param",
+    [
+        ({"type": "web_search", "search_context_size": "huge"}, "tools[0].search_context_size"),
+        ({"type": "web_search", "filters": {"allowed_domains": "example.com"}}, "tools[0].filters.allowed_domains"),
+        ({"type": "web_search", "external_web_access": "no"}, "tools[0].external_web_access"),
+    ],
+)
+async def test_a_web_search_tool_of_the_wrong_shape_is_a_400_naming_the_field(gateway_url, client, backend, tool, param):
+    before = len(backend.chat_requests)
+    r = await client.post(gateway_url + "/v1/responses", json={"model": "text", "input": "q", "tools": [tool]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert len(backend.chat_requests) == before
+
+
+def test_an_engine_url_that_is_not_http_stops_start_up():
+    from gateway.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError) as refused:
+        load_settings(web_search_url="searx.local:8888")
+    assert "WEB_SEARCH_URL" in str(refused.value) or "web_search_url" in str(refused.value)
+
+
+async def test_a_web_search_call_replayed_in_input_reaches_the_backend_as_the_search_it_was(gateway_url, client, backend):
+    replayed = [
+        {"role": "user", "content": "find trio"},
+        {"type": "web_search_call", "status": "completed", "action": {"type": "search", "query": "trio docs", "sources": [{"type": "url", "url": "https://trio.readthedocs.io/"}]}},
+        {"role": "assistant", "content": "Found it."},
+        {"role": "user", "content": "thanks"},
+    ]
+    r = await client.post(gateway_url + "/v1/responses", json={"model": "text", "input": replayed})
+    assert r.status_code == 200, r.text
+    messages = backend.chat_requests[-1]["messages"]
+    call = messages[1]["tool_calls"][0]
+    assert call["function"]["name"] == "web_search" and call["function"]["arguments"] == '{"query":"trio docs"}'
+    assert messages[2] == {"role": "tool", "tool_call_id": call["id"], "content": "Searched the web for 'trio docs'. Sources: https://trio.readthedocs.io/"}
+
+
+@needs_searx
+async def test_a_continuation_after_a_search_shows_the_model_the_search(searching, backend):
+    client = sdk(searching)
+    with trio.fail_after(30):
+        first = await client.responses.create(model="searcher", input="q", tools=SEARCH)  # type: ignore[list-item]
+        await client.responses.create(model="text", input="and then?", previous_response_id=first.id)
+    messages = backend.chat_requests[-1]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "user"]
+    assert messages[1]["tool_calls"][0]["function"]["name"] == "web_search"
+
+
+@needs_searx
+async def test_without_live_access_a_search_is_answered_from_the_gateways_cache_or_not_at_all(searching, start_gateway, backend):
+    offline = [{"type": "web_search", "external_web_access": False}]
+    sources = ["web_search_call.action.sources"]
+    with trio.fail_after(30):
+        live = await sdk(searching).responses.create(model="searcher", input="q", tools=SEARCH, include=sources)  # type: ignore[list-item]
+        cached = await sdk(searching).responses.create(model="searcher", input="q", tools=offline, include=sources)  # type: ignore[arg-type, list-item]
+        nothing = await sdk(await start_gateway(web_search_url="http://127.0.0.1:9")).responses.create(
+            model="searcher", input="q", tools=offline, include=sources  # type: ignore[arg-type, list-item]
+        )
+    assert cached.output[0].action.sources == live.output[0].action.sources  # type: ignore[union-attr]
+    assert nothing.output[0].status == "completed" and nothing.output[0].action.sources == []  # type: ignore[union-attr]
+    assert tool_result(backend).startswith("No cached results for 'structured concurrency'")  # (no engine was asked)
