@@ -202,3 +202,70 @@ async def test_without_live_access_a_search_is_answered_from_the_gateways_cache_
     assert cached.output[0].action.sources == live.output[0].action.sources  # type: ignore[union-attr]
     assert nothing.output[0].status == "completed" and nothing.output[0].action.sources == []  # type: ignore[union-attr]
     assert tool_result(backend).startswith("No cached results for 'structured concurrency'")  # (no engine was asked)
+
+
+AGENT_SCRIPT = """
+import asyncio, json, sys
+from openai import AsyncOpenAI
+from agents import Agent, OpenAIResponsesModel, Runner, WebSearchTool, set_tracing_disabled
+
+set_tracing_disabled(True)
+client = AsyncOpenAI(base_url=sys.argv[1], api_key="sk-test", max_retries=0)
+agent = Agent(name="researcher", instructions="Search, then answer.", tools=[WebSearchTool(search_context_size="low")],
+              model=OpenAIResponsesModel(model="searcher", openai_client=client))
+
+
+async def main():
+    result = await Runner.run(agent, "What is structured concurrency?")
+    calls = [item.raw_item.model_dump() for item in result.new_items if getattr(item.raw_item, "type", None) == "web_search_call"]
+    print(json.dumps({"output": result.final_output, "calls": calls}))
+
+
+asyncio.run(main())
+"""
+
+
+@needs_searx
+async def test_the_agents_sdks_web_search_tool_runs_its_search_through_the_gateway(searching, backend, tmp_path):
+    import os
+    import sys
+
+    import orjson
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI")}
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, "-c", AGENT_SCRIPT, searching + "/v1"], env=env, cwd=tmp_path, capture_stdout=True, capture_stderr=True, check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    result = orjson.loads(done.stdout.decode().strip().splitlines()[-1])
+    [call] = result["calls"]
+    assert call["status"] == "completed" and call["action"]["query"] == SEARCH_QUERY
+    assert result["output"].startswith("See https://") and result["output"].split()[1] in tool_result(backend)
+    assert backend.chat_requests[0]["tools"][0]["function"]["name"] == "web_search"
+
+
+def test_a_url_citation_slices_exactly_the_link_the_text_writes_to_a_source():
+    from gateway.streams.translator import url_citations
+
+    sources = {"https://a.example/x": "A", "https://b.example/": "B"}
+    text = "See https://a.example/x. Also https://b.example/ and https://a.example/xyz (not a source)."
+    cited = url_citations(text, sources)
+    assert [(text[c["start_index"] : c["end_index"]], c["title"]) for c in cited] == [("https://a.example/x", "A"), ("https://b.example/", "B")]
+
+
+@needs_searx
+async def test_the_answer_carries_url_citations_for_the_sources_it_links_streamed_and_not(searching, client):
+    with trio.fail_after(30):
+        answer = await sdk(searching).responses.create(model="searcher", input="q", tools=SEARCH)  # type: ignore[list-item]
+    part = answer.output[-1].content[0]  # type: ignore[union-attr]
+    [citation] = part.annotations  # type: ignore[union-attr]
+    assert citation.type == "url_citation" and part.text[citation.start_index : citation.end_index] == citation.url  # type: ignore[union-attr]
+    assert citation.title == CORPUS[0]["title"]  # type: ignore[union-attr]
+    r = await client.post(searching + "/v1/responses", json={"model": "searcher", "input": "q", "tools": SEARCH, "stream": True})
+    events = [e for e in parse_sse(r.content) if isinstance(e, dict)]
+    added = [e for e in events if e["type"] == "response.output_text.annotation.added"]
+    assert len(added) == 1 and added[0]["annotation"]["url"] == citation.url and added[0]["annotation_index"] == 0
+    kinds = [e["type"] for e in events]
+    assert kinds.index("response.output_text.annotation.added") < kinds.index("response.output_text.done")
+    assert events[-1]["response"]["output"][-1]["content"][0]["annotations"] == [added[0]["annotation"]]

@@ -537,6 +537,7 @@ class ResponseTranslator:
         self._gateway_tools = dict(gateway_tools or {})
         self._approval: frozenset[str] = frozenset()
         self._builtins: dict[str, str] = {}  # name -> item type: the gateway's built-in tools (web_search_call)
+        self._cited: dict[str, str] = {}  # url -> title: what the gateway's searches found, for url_citation annotations
         # chat function name -> the client's tool (kind "custom" or a namespaced "function")
         self._tool_kinds = dict(tool_kinds or {})
         self._seal_reasoning = seal_reasoning  # include: reasoning.encrypted_content
@@ -887,7 +888,10 @@ class ResponseTranslator:
             return []
         index, item = pending
         if item["type"] == WEB_SEARCH_CALL.item_type:
-            item.update(detail or {"status": "failed" if error is not None else "completed"})
+            shown = dict(detail or {"status": "failed" if error is not None else "completed"})
+            for source in shown.pop("cite", ()):  # (what the model may cite; not part of the item)
+                self._cited.setdefault(source["url"], source.get("title") or source["url"])
+            item.update(shown)
             events = [self._event("response.web_search_call.completed", item_id=item_id, output_index=index)]
             self._item_done(index, item, events)
             return events
@@ -1074,12 +1078,17 @@ class ResponseTranslator:
         index = len(message.parts)
         common = {"item_id": message.id, "output_index": message.index, "content_index": index}
         logprobs = message.logprobs
+        annotations = url_citations(text, self._cited) if kind == "output_text" and self._cited else []
+        for n, annotation in enumerate(annotations):
+            events.append(self._event("response.output_text.annotation.added", **common, annotation_index=n, annotation=dict(annotation)))
         if kind == "output_text":
             self._round_text.append(text)
             events.append(self._event("response.output_text.done", **common, text=text, logprobs=list(logprobs)))
         else:
             events.append(self._event("response.refusal.done", **common, refusal=text))
         part = _part(kind, text, logprobs)
+        if annotations:
+            part["annotations"] = annotations
         events.append(self._event("response.content_part.done", **common, part=_copy_part(part)))
         message.parts.append(part)
         message.kind = None
@@ -1225,6 +1234,20 @@ class ResponseTranslator:
             close()
         self._open_calls = []
         self._calls = {}
+
+
+def url_citations(text: str, sources: Mapping[str, str]) -> list[dict[str, Any]]:
+    """A `url_citation` for each place `text` writes the URL of a source the gateway's searches
+    found (`sources`: url -> title), in order; `text[start_index:end_index]` is the URL."""
+    found: list[dict[str, Any]] = []
+    for url, title in sources.items():
+        start = text.find(url)
+        while start != -1:
+            end = start + len(url)
+            if end == len(text) or not (text[end].isalnum() or text[end] in "/-_~%?#=&+"):  # (not a longer URL's head)
+                found.append({"type": "url_citation", "url": url, "title": title, "start_index": start, "end_index": end})
+            start = text.find(url, end)
+    return sorted(found, key=lambda a: a["start_index"])
 
 
 def _part(kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:

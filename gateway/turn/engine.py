@@ -508,11 +508,13 @@ def _counter(resources: Resources, body: dict[str, Any]) -> Callable[[list[dict[
 
 def _search_item(found: Found, sources: bool) -> dict[str, Any]:
     """A `web_search_call` item's `status` and `action` for what one search found (`sources`: as
-    `include: ["web_search_call.action.sources"]` asks)."""
+    `include: ["web_search_call.action.sources"]` asks), and what the answer may `cite` (its
+    `url_citation` annotations; not part of the item)."""
     action: dict[str, Any] = {"type": "search", "query": found.query, "queries": [found.query] if found.query else []}
     if sources:
         action["sources"] = [{"type": "url", "url": result.url} for result in found.results]
-    return {"status": "failed" if found.error else "completed", "action": action}
+    cite = [{"url": result.url, "title": result.title} for result in found.results]
+    return {"status": "failed" if found.error else "completed", "action": action, "cite": cite}
 
 
 def _allow_list(settings: Settings) -> list[str]:
