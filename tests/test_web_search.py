@@ -269,3 +269,58 @@ async def test_the_answer_carries_url_citations_for_the_sources_it_links_streame
     kinds = [e["type"] for e in events]
     assert kinds.index("response.output_text.annotation.added") < kinds.index("response.output_text.done")
     assert events[-1]["response"]["output"][-1]["content"][0]["annotations"] == [added[0]["annotation"]]
+
+
+# --- the Messages front: Anthropic's web search server tool ---------------------------------------
+
+
+def claude(url: str) -> Any:
+    import anthropic
+
+    return anthropic.AsyncAnthropic(base_url=url, api_key="sk-test", max_retries=0)
+
+
+ANTHROPIC_SEARCH = [{"type": "web_search_20250305", "name": "web_search", "max_uses": 8}]
+
+
+@needs_searx
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_messages_search_is_a_server_tool_use_and_its_result_block_before_the_answer(searching, backend, streamed):
+    ask: dict[str, Any] = dict(model="searcher", max_tokens=64, tools=ANTHROPIC_SEARCH, messages=[{"role": "user", "content": "Perform a web search for the query: structured concurrency"}])
+    with trio.fail_after(30):
+        if streamed:
+            async with claude(searching).messages.stream(**ask) as stream:
+                message = await stream.get_final_message()
+        else:
+            message = await claude(searching).messages.create(**ask)
+    assert [block.type for block in message.content] == ["server_tool_use", "web_search_tool_result", "text"]
+    use, result, text = message.content
+    assert use.name == "web_search" and use.input == {"query": SEARCH_QUERY} and use.id.startswith("srvtoolu_")  # type: ignore[union-attr]
+    assert result.tool_use_id == use.id  # type: ignore[union-attr]
+    urls = [r.url for r in result.content]  # type: ignore[union-attr]
+    assert urls[0] == CORPUS[0]["url"] and all(r.encrypted_content for r in result.content)  # type: ignore[union-attr]
+    assert text.text == f"See {urls[0]} for more."  # type: ignore[union-attr]
+    assert message.stop_reason == "end_turn" and message.usage.server_tool_use.web_search_requests == 1  # type: ignore[union-attr]
+    assert backend.chat_requests[0]["tools"][0]["function"]["name"] == "web_search"
+
+
+@needs_searx
+async def test_a_messages_searchs_blocked_domains_are_left_out_and_both_lists_are_a_400(searching, backend, client):
+    tools = [{**ANTHROPIC_SEARCH[0], "blocked_domains": ["trio.readthedocs.io"]}]
+    with trio.fail_after(30):
+        message = await claude(searching).messages.create(model="searcher", max_tokens=64, tools=tools, messages=[{"role": "user", "content": "q"}])  # type: ignore[arg-type]
+    urls = [r.url for r in message.content[1].content]  # type: ignore[union-attr]
+    assert urls and not any("trio.readthedocs.io" in u for u in urls)
+    both = [{**ANTHROPIC_SEARCH[0], "allowed_domains": ["a.example"], "blocked_domains": ["b.example"]}]
+    r = await client.post(searching + "/v1/messages", json={"model": "searcher", "max_tokens": 64, "tools": both, "messages": [{"role": "user", "content": "q"}]}, headers={"anthropic-version": "2023-06-01"})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("tools.0.blocked_domains:")
+
+
+@needs_searx
+async def test_an_engine_that_is_down_is_anthropics_unavailable_error_block_and_the_message_completes(start_gateway):
+    url = await start_gateway(web_search_url="http://127.0.0.1:9")
+    with trio.fail_after(30):
+        message = await claude(url).messages.create(model="searcher", max_tokens=64, tools=ANTHROPIC_SEARCH, messages=[{"role": "user", "content": "q"}])  # type: ignore[arg-type]
+    result = message.content[1]
+    assert result.type == "web_search_tool_result" and result.content.error_code == "unavailable"  # type: ignore[union-attr]
+    assert message.stop_reason == "end_turn"

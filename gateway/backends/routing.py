@@ -306,6 +306,16 @@ class Router:
                 return
         raise last_error
 
+    def speaks_messages(self, model: str) -> bool:
+        """Whether `model`'s first backend speaks Anthropic's Messages API (it runs Anthropic's
+        server tools itself)."""
+        try:
+            target = self.targets(model)[0]
+        except GatewayError:
+            return False
+        backend = self.config.backends.get(target.backend)
+        return backend is not None and backend.type == "anthropic"
+
     async def context_window(self, model: str) -> int | None:
         """`model`'s context window: its route's `context_window`, else what the backend of its
         first target says (asked once, `context_window_of`), else None."""

@@ -48,6 +48,8 @@ __all__ = [
     "WebSearch",
     "WEB_SEARCH_TYPES",
     "domain_allowed",
+    "is_messages_web_search",
+    "messages_search_options",
     "responses_search_options",
     "results_text",
 ]
@@ -260,6 +262,37 @@ def responses_search_options(tool: Mapping[str, Any], index: int) -> SearchOptio
     country = (location or {}).get("country")
     language = _LANGUAGES.get(country.upper()) if isinstance(country, str) else None
     return SearchOptions(allowed, blocked, size, language, live is not False)
+
+
+def messages_search_options(tool: Mapping[str, Any], index: int) -> SearchOptions:
+    """What an Anthropic web search server tool (`tools.{index}`, `web_search_…`) asks (pure).
+
+    Raises:
+        InvalidRequest: both `allowed_domains` and `blocked_domains`, a list that is not one of
+            domain names, or a `max_uses` that is not a positive integer; named as Anthropic names fields.
+    """
+    where = f"tools.{index}"
+    allowed = _strings(tool.get("allowed_domains"), f"{where}.allowed_domains")
+    blocked = _strings(tool.get("blocked_domains"), f"{where}.blocked_domains")
+    if allowed and blocked:
+        raise InvalidRequest(
+            f"{where}.blocked_domains: a web search tool takes allowed_domains or blocked_domains, not both.",
+            param=f"{where}.blocked_domains",
+            code="invalid_value",
+        )
+    uses = tool.get("max_uses")
+    if uses is not None and (not isinstance(uses, int) or isinstance(uses, bool) or uses < 1):
+        raise InvalidRequest(f"{where}.max_uses: must be a positive integer.", param=f"{where}.max_uses", code="invalid_value")
+    location = tool.get("user_location")
+    country = location.get("country") if isinstance(location, dict) else None
+    language = _LANGUAGES.get(country.upper()) if isinstance(country, str) else None
+    return SearchOptions(allowed, blocked, "medium", language, True, uses)
+
+
+def is_messages_web_search(tool: Mapping[str, Any]) -> bool:
+    """Anthropic's web search server tool (`web_search_20250305` and later)."""
+    kind = tool.get("type")
+    return isinstance(kind, str) and kind.startswith("web_search_") and tool.get("name", "web_search") == "web_search"
 
 
 @dataclass

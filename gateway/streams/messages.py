@@ -61,6 +61,7 @@ class MessagesEvents:
         self.failed = False
         # `context_management.applied_edits` for `message_delta` (None: the request asked for none).
         self.applied_edits: list[dict[str, Any]] | None = None
+        self.web_search_requests = 0  # the gateway's searches, as `usage.server_tool_use` counts them
 
     def start(self) -> list[Event]:
         """`message_start` (once; every other method starts with it when it has not been sent)."""
@@ -129,6 +130,8 @@ class MessagesEvents:
             "cache_read_input_tokens": cached,
             "cache_creation_input_tokens": created,
         }
+        if self.web_search_requests:
+            shown["server_tool_use"] = {"web_search_requests": self.web_search_requests}  # type: ignore[assignment]
         delta = {"stop_reason": self._stop_reason or "end_turn", "stop_sequence": self._stop_sequence}
         last: Event = {"type": "message_delta", "delta": delta, "usage": shown}
         if self.applied_edits is not None:
@@ -141,6 +144,26 @@ class MessagesEvents:
             return []
         self.over = self.failed = True
         return [anthropic_error_body(status, message)]
+
+    def server_tool_use(self, block_id: str, name: str, arguments: str) -> list[Event]:
+        """A server tool the gateway runs (its web search): a `server_tool_use` block, its input
+        streamed as one `input_json_delta`."""
+        if self.over:
+            return []
+        events = self.start() + self._close()
+        events += self._begin("server_tool_use", {"type": "server_tool_use", "id": block_id, "name": name, "input": {}})
+        if arguments:
+            events.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
+        return events + self._close()
+
+    def server_tool_result(self, block: dict[str, Any]) -> list[Event]:
+        """What a server tool found (`web_search_tool_result`): one block, whole."""
+        if self.over:
+            return []
+        if block.get("type") == "web_search_tool_result":
+            self.web_search_requests += 1
+        events = self.start() + self._close()
+        return events + self._begin(str(block["type"]), block) + self._close()
 
     # --- blocks ---------------------------------------------------------------------
 
@@ -210,10 +233,15 @@ class MessagesSession:
         ids: Callable[[str], str],
         native: Any = None,
         collect: bool = False,
+        server_tools: set[str] | None = None,
     ) -> None:
         self.chat = ChatSession(body, gateway_tools, max_rounds=max_rounds)
         self.events = MessagesEvents(message_id, model, ids)
         self.native = native
+        # The gateway's tools the client sees as Anthropic's server tools (web_search): name -> shown.
+        self._server_tools = set(server_tools or ())
+        self._server_ids: dict[str, str] = {}  # a call's item id -> its server_tool_use block's id
+        self._ids = ids
         # The answer as a `message`, kept as it is made (`collect`: for a thread to store).
         self.answer = MessageCollector() if collect else None
 
@@ -277,7 +305,15 @@ class MessagesSession:
     def tool_result(
         self, call: RoundCall, *, output: str | None = None, error: str | None = None, detail: dict[str, Any] | None = None
     ) -> list[Event]:
-        return self._events(self.chat.tool_result(call, output=output, error=error))
+        shown: list[Event] = []
+        block_id = self._server_ids.get(call.item_id)
+        if block_id is not None:
+            block = dict((detail or {}).get("block") or {"type": "web_search_tool_result", "content": {"type": "web_search_tool_result_error", "error_code": "unavailable"}})
+            shown = self.events.server_tool_result({**block, "tool_use_id": block_id})
+        out = shown + self._events(self.chat.tool_result(call, output=output, error=error))
+        if self.answer is not None and shown:
+            self.answer.feed(shown)
+        return out
 
     def tools_done(self) -> list[Event]:
         self.native = None  # the next round's request is the gateway's, with its tools' results
@@ -295,6 +331,10 @@ class MessagesSession:
             if error is not None and not chunk.get("choices"):  # the chat session failed on its own
                 return out + self.events.fail(502, str(error.get("message") or "the backend failed"))
             out += self.events.feed(chunk)
+        for call in self.chat.calls:  # the round ended with calls to run: the server tools' are shown now
+            if call.name in self._server_tools and call.item_id not in self._server_ids:
+                block_id = self._server_ids[call.item_id] = self._ids("srvtoolu")
+                out += self.events.server_tool_use(block_id, call.name, call.arguments)
         if self.chat.done and not self.events.over:
             out += self.events.finish()
         if self.answer is not None:

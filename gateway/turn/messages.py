@@ -23,10 +23,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..backends import NativeRequest
+from ..builtins.search import FUNCTION as WEB_SEARCH_FUNCTION, Found, SearchOptions, is_messages_web_search, messages_search_options
 from ..intake import RequestContext
 from ..streams.messages import MessagesSession
 from .chat import ChatTurn, admit_chat
 from .engine import Resources
+from .tools import RequestTools, ToolOutcome
 from .context_edits import apply_edits
 from .messages_plan import chat_request, native_body, unmapped
 from .threads import THREADS_BETA, open_thread
@@ -80,9 +82,12 @@ async def prepare_messages(
         enabled=resources.settings.message_threads,
     )
     try:
+        search = _web_search(resources, body)
         edited, applied = await _edited(resources, body)
         chat = _mapped(edited, headers)
         admitted = await admit_chat(resources, chat, ctx, "msg", ctx.gateway_tools(), turn_id=message_id)
+        if search is not None:
+            _offer_search(resources, admitted.tools, chat, search, ctx.caller.owner, body.get("tool_choice"))
     except BaseException:
         if threading is not None:
             await threading.release()
@@ -98,11 +103,72 @@ async def prepare_messages(
         ids=resources.ids,
         native=native,
         collect=threading is not None,
+        server_tools=set(admitted.tools.builtins),
     )
     session.events.applied_edits = applied
     turn = ChatTurn(resources, session, admitted, relayed=False, streamed=bool(body.get("stream")))
     turn.threading = threading
     return turn
+
+
+def _web_search(resources: Resources, body: dict[str, Any]) -> SearchOptions | None:
+    """What the request's web search server tool asks, when the gateway is to run it: it has an
+    engine, and the model's backend does not run Anthropic's own (an Anthropic backend).
+
+    Raises:
+        InvalidRequest: the tool is of a shape Anthropic would refuse (`messages_search_options`).
+    """
+    for index, tool in enumerate(body.get("tools") or ()):
+        if isinstance(tool, dict) and is_messages_web_search(tool):
+            options = messages_search_options(tool, index)
+            speaks = getattr(resources.backend, "speaks_messages", None)
+            if resources.web_search is None or (speaks is not None and speaks(str(body["model"]))):
+                return None
+            return options
+    return None
+
+
+def _offer_search(
+    resources: Resources, tools: RequestTools, chat: dict[str, Any], options: SearchOptions, owner: str | None, choice: Any
+) -> None:
+    """The gateway's web search offered to the chat model; its calls shown as Anthropic's
+    `server_tool_use` and `web_search_tool_result` blocks (results sealed for `owner`)."""
+    engine = resources.web_search
+    assert engine is not None
+    used = [0]
+
+    async def search(arguments: dict[str, Any]) -> ToolOutcome:
+        used[0] += 1
+        if options.max_uses is not None and used[0] > options.max_uses:
+            block = _search_error("max_uses_exceeded")
+            return ToolOutcome(error=f"the web search may be used at most {options.max_uses} times", detail={"block": block})
+        text, found = await engine.run(arguments, options)
+        return ToolOutcome(output=text, detail={"block": _search_block(resources, found, owner)})
+
+    tools.add_builtin(WEB_SEARCH_FUNCTION, "web_search_tool_result", search)
+    chat.setdefault("tools", []).append({"type": "function", "function": WEB_SEARCH_FUNCTION})
+    if isinstance(choice, dict) and choice.get("type") == "tool" and choice.get("name") == WEB_SEARCH_FUNCTION["name"]:
+        chat["tool_choice"] = {"type": "function", "function": {"name": WEB_SEARCH_FUNCTION["name"]}}  # (older Claude Codes force it)
+    elif isinstance(choice, dict) and choice.get("type") == "any":
+        chat["tool_choice"] = "required"
+
+
+def _search_error(code: str) -> dict[str, Any]:
+    return {"type": "web_search_tool_result", "content": {"type": "web_search_tool_result_error", "error_code": code}}
+
+
+def _search_block(resources: Resources, found: Found, owner: str | None) -> dict[str, Any]:
+    """A `web_search_tool_result` block for what one search found (each result's text sealed as
+    its `encrypted_content`, so that only this gateway, for this key, reads it back)."""
+    if found.error is not None:
+        return _search_error("invalid_tool_input" if found.error_kind == "invalid_tool_input" else "unavailable")
+    results = []
+    for result in found.results:
+        sealed = resources.sealer.seal("web_search", {"url": result.url, "title": result.title, "snippet": result.snippet, "owner": owner})
+        entry: dict[str, Any] = {"type": "web_search_result", "url": result.url, "title": result.title, "encrypted_content": sealed}
+        entry["page_age"] = result.page_age
+        results.append(entry)
+    return {"type": "web_search_tool_result", "content": results}
 
 
 async def _edited(resources: Resources, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
