@@ -508,6 +508,8 @@ class ScriptedBackend:
             script = _numbered_call_script(body)
         elif model == "searcher":
             script = _searcher_script(body)
+        elif model == "web-agent":
+            script = _web_agent_script(body)
         elif model == "lookup-twice":
             refusal = _unanswered_calls(body)
             if refusal is not None:
@@ -655,6 +657,24 @@ def _searcher_script(body: dict[str, Any]) -> list[Any]:
         usage_chunk(),
         b"[DONE]",
     ]
+
+
+def _web_agent_script(body: dict[str, Any]) -> list[Any]:
+    """Claude Code's model, asked to search the web: in its own conversation it calls Claude
+    Code's `WebSearch` tool; in the request `WebSearch` makes (offered the gateway's `web_search`)
+    it searches, then sums up; with WebSearch's result in its conversation, it reports it."""
+    names = {(t.get("function") or {}).get("name") for t in body.get("tools") or ()}
+    results = [m for m in body.get("messages") or () if m.get("role") == "tool"]
+    if "web_search" in names:
+        return _searcher_script(body)
+    if results:
+        found = re.findall(r"https?://[^\s\"'),\]]+", str(results[-1]["content"]))
+        said = f"Searched: {found[0]}" if found else f"Searched, and got: {str(results[-1]['content'])[:80]!r}"
+        return [chunk({"role": "assistant", "content": ""}), chunk({"content": said}), chunk(finish="stop"), usage_chunk(), b"[DONE]"]
+    if "WebSearch" in names:
+        arguments = orjson.dumps({"query": SEARCH_QUERY}).decode()
+        return [chunk(call_delta(0, id="call_ws_1", name="WebSearch", args=arguments)), chunk(finish="tool_calls"), usage_chunk(), b"[DONE]"]
+    return [chunk({"content": "No search tool."}), chunk(finish="stop"), usage_chunk(), b"[DONE]"]
 
 
 def _lookup_twice_script(body: dict[str, Any]) -> list[Any]:

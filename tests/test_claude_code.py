@@ -37,7 +37,9 @@ def claude_binary() -> str | None:
 pytestmark = pytest.mark.skipif(claude_binary() is None, reason="Claude Code is not installed (npm @anthropic-ai/claude-code)")
 
 
-async def run_claude(url: str, prompt: str, workdir: pathlib.Path, home: pathlib.Path, *args: str) -> tuple[int, list[dict[str, Any]]]:
+async def run_claude(
+    url: str, prompt: str, workdir: pathlib.Path, home: pathlib.Path, *args: str, model: str = "bash-agent", extra_env: dict[str, str] | None = None
+) -> tuple[int, list[dict[str, Any]]]:
     """`claude -p PROMPT` against the gateway; its exit code and its stream-json lines."""
     binary = claude_binary()
     assert binary is not None
@@ -51,8 +53,9 @@ async def run_claude(url: str, prompt: str, workdir: pathlib.Path, home: pathlib
         "DISABLE_TELEMETRY": "1",
         "DISABLE_AUTOUPDATER": "1",
         "CLAUDE_CODE_MAX_RETRIES": "0",
+        **(extra_env or {}),
     }
-    command = [binary, "-p", prompt, "--output-format", "stream-json", "--verbose", "--model", "bash-agent", *args]
+    command = [binary, "-p", prompt, "--output-format", "stream-json", "--verbose", "--model", model, *args]
     done = await trio.run_process(command, cwd=workdir, env=env, capture_stdout=True, capture_stderr=True, stdin=subprocess.DEVNULL, check=False)
     lines = [orjson.loads(line) for line in done.stdout.splitlines() if line.startswith(b"{")]
     return done.returncode, lines
@@ -86,3 +89,29 @@ async def test_claude_code_runs_a_text_turn_and_a_bash_tool_turn_through_the_gat
     asked = [r for r in backend.requests if r.path == "/v1/chat/completions"]
     assert asked[-1].body["messages"][-1]["role"] == "tool" and asked[-1].body["messages"][-1]["tool_call_id"] == uses[0]["id"]
     assert all(r.headers.get("authorization") != f"Bearer {_KEY}" for r in asked)  # the client's key stays with the gateway
+
+
+async def test_claude_codes_web_search_runs_its_search_on_the_gateways_engine(start_gateway, backend, tmp_path, nursery):
+    """Claude Code's `WebSearch` tool makes a request of its own with Anthropic's web search server
+    tool; the gateway runs the search on its SearXNG (a real searx on loopback) and Claude Code
+    reads the results.  `ENABLE_TOOL_SEARCH=false`: WebSearch is offered at once, not behind ToolSearch."""
+    from searx import SEARX, start_searx
+
+    if SEARX is None:
+        pytest.skip("searx is not installed (.ci/run installs Debian's searx)")
+    engine = await start_searx(nursery, tmp_path)
+    url = await start_gateway(gateway_api_keys=f"claude={_KEY}", web_search_url=engine)
+    home, workdir = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    workdir.mkdir()
+    with trio.fail_after(180):
+        code, lines = await run_claude(
+            url, "Search the web for structured concurrency.", workdir, home, "--allowedTools", "WebSearch", model="web-agent", extra_env={"ENABLE_TOOL_SEARCH": "false"}
+        )
+    assert code == 0, lines
+    uses = [block for line in lines if line.get("type") == "assistant" for block in line["message"]["content"] if block["type"] == "tool_use"]
+    assert [use["name"] for use in uses] == ["WebSearch"]
+    final = result_of(lines)
+    assert final["is_error"] is False and final["result"].startswith("Searched: https://"), final
+    inner = [r.body for r in backend.requests if r.path == "/v1/chat/completions" and any((t.get("function") or {}).get("name") == "web_search" for t in r.body.get("tools") or ())]
+    assert inner, "WebSearch's own request never offered the gateway's web_search"
