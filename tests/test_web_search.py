@@ -324,3 +324,25 @@ async def test_an_engine_that_is_down_is_anthropics_unavailable_error_block_and_
     result = message.content[1]
     assert result.type == "web_search_tool_result" and result.content.error_code == "unavailable"  # type: ignore[union-attr]
     assert message.stop_reason == "end_turn"
+
+
+@needs_searx
+async def test_a_key_made_without_web_search_gets_its_tools_left_out_on_both_fronts(nursery, backend, searx_url, client):
+    from gateway.keys.stores import MemoryKeys
+    from test_keys import ALICE, BOB, key
+
+    keys = MemoryKeys(clock=lambda: 1_700_000_000.0)
+    await keys.put(key("alice", ALICE))
+    await keys.put(key("bob", BOB, web_search=False))
+    settings = make_settings(backend.url, web_search_url=searx_url)
+    url = await nursery.start(functools.partial(gateway.serve, settings, app=gateway.create_app(settings, keys=keys)))
+    body = {"model": "searcher", "input": "q", "tools": SEARCH}
+    searched = await client.post(url + "/v1/responses", json=body, headers={"authorization": f"Bearer {ALICE}"})
+    assert [i["type"] for i in searched.json()["output"]] == ["web_search_call", "message"]
+    plain = await client.post(url + "/v1/responses", json=body, headers={"authorization": f"Bearer {BOB}"})
+    assert plain.status_code == 200 and "web_search_call" not in [i["type"] for i in plain.json()["output"]]
+    assert "tools" not in backend.chat_requests[-1]  # (nothing offered: no search was run for bob)
+    message = {"model": "searcher", "max_tokens": 32, "tools": ANTHROPIC_SEARCH, "messages": [{"role": "user", "content": "q"}]}
+    r = await client.post(url + "/v1/messages", json=message, headers={"x-api-key": BOB, "anthropic-version": "2023-06-01"})
+    assert r.status_code == 200 and "tools" not in backend.chat_requests[-1]
+    assert not any(b["type"] in ("server_tool_use", "web_search_tool_result") for b in r.json()["content"])

@@ -115,6 +115,7 @@ class KeyLimits:
     models: tuple[str, ...] | None = None  # names or globs (`qwen*`) the key may use
     mcp_servers: tuple[str, ...] | None = None  # configured MCP servers it may use (None: all)
     hosted_mcp: bool = True  # may name MCP servers by URL (OpenAI's hosted `mcp` tool)
+    web_search: bool = True  # its requests' web search tools are run by the gateway (WEB_SEARCH_URL)
     reserve: int | None = None  # output tokens reserved when a request sets no maximum (tpm keys)
 
     @property
@@ -139,6 +140,8 @@ class KeyLimits:
             parts.append("mcp=" + (",".join(self.mcp_servers) or "(none)"))
         if not self.hosted_mcp:
             parts.append("no-hosted-mcp")
+        if not self.web_search:
+            parts.append("no-web-search")
         if self.reserve is not None:
             parts.append(f"reserve={self.reserve}")
         return " ".join(parts) or "unlimited"
@@ -172,6 +175,7 @@ class ApiKey:
             models=tuple(raw["models"]) if raw.get("models") is not None else None,
             mcp_servers=tuple(raw["mcp_servers"]) if raw.get("mcp_servers") is not None else None,
             hosted_mcp=bool(raw.get("hosted_mcp", True)),
+            web_search=bool(raw.get("web_search", True)),
             reserve=raw.get("reserve"),
         )
         return cls(

@@ -69,6 +69,10 @@ def _limit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hosted-mcp", action=argparse.BooleanOptionalAction, default=None, help="may name MCP servers by URL (default yes)"
     )
+    parser.add_argument(
+        "--web-search", action=argparse.BooleanOptionalAction, default=None,
+        help="its requests' web search tools are run by the gateway (default yes; no: they are left out)",
+    )
 
 
 def _name(text: str) -> str:
@@ -111,6 +115,8 @@ def _limits(args: argparse.Namespace, base: KeyLimits) -> KeyLimits:
     }
     if args.hosted_mcp is not None:
         changes["hosted_mcp"] = args.hosted_mcp
+    if args.web_search is not None:
+        changes["web_search"] = args.web_search
     return dataclasses.replace(base, **changes)
 
 

@@ -885,7 +885,7 @@ class Turn:
         """The built-in tools the request's own tools ask for (web search), when the gateway has
         them: the client asked for them by name, so they are offered whatever `gateway_tools` says."""
         options, engine = self.plan.web_search, self.resources.web_search
-        if options is None or engine is None:
+        if options is None or engine is None or not self.caller.limits.web_search:
             return
         sources = "web_search_call.action.sources" in (self.req.include or ())
         used = [0]

@@ -82,7 +82,7 @@ async def prepare_messages(
         enabled=resources.settings.message_threads,
     )
     try:
-        search = _web_search(resources, body)
+        search = _web_search(resources, body) if ctx.caller.limits.web_search else None
         edited, applied = await _edited(resources, body)
         chat = _mapped(edited, headers)
         admitted = await admit_chat(resources, chat, ctx, "msg", ctx.gateway_tools(), turn_id=message_id)
