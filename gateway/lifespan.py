@@ -157,6 +157,8 @@ class Lifespan:
         limiter = Limiter(key_store, clock=clock)
         await nursery.start(limiter.run_renewals)
         readiness = Readiness(store, backend, self.drain, interval=settings.readiness_interval, store_location=store.location)
+        web_search = self._web_search(settings)
+        readiness.search = web_search.provider if web_search is not None else None
         await nursery.start(readiness.run)
         heartbeats = Heartbeats(settings.heartbeat_interval, stall_timeout=settings.client_stall_timeout)
         await nursery.start(heartbeats.run)
@@ -189,7 +191,7 @@ class Lifespan:
             telemetry=self.telemetry,
             limiter=limiter,
             drain=self.drain,
-            web_search=self._web_search(settings),
+            web_search=web_search,
         )
         return Shared(resources, keyring, limiter, readiness, heartbeats, runner)
 

@@ -71,6 +71,8 @@ class Readiness:
         self.store_ok: bool | None = None  # None: not checked yet
         self.store_error: str | None = None
         self.backends = [BackendHealth(name, url) for name, url, _ in _backends(backend)]
+        self.search: Any = None  # the web search engine (WEB_SEARCH_URL), if any: shown, never gating
+        self.search_ok: bool | None = None
         self.checked_at = -math.inf
         self._bound = min(interval, _PROBE_BOUND)
 
@@ -97,7 +99,21 @@ class Readiness:
             nursery.start_soon(self._check_store)
             for health, (_, _, probe) in zip(self.backends, _backends(self._backend)):
                 nursery.start_soon(self._check_backend, health, probe)
+            if self.search is not None:
+                nursery.start_soon(self._check_search)
         self.checked_at = self._clock()
+
+    async def _check_search(self) -> None:
+        ok = False
+        with trio.move_on_after(self._bound):
+            try:
+                await self.search.probe()
+                ok = True
+            except Exception as error:  # (a SearchError: the engine's own words are in the log)
+                log.debug("the web search engine does not answer: %s", error)
+        if ok != self.search_ok and not (self.search_ok is None and ok):
+            log.warning("the web search engine %s", "answers again" if ok else "does not answer (searches are tool errors)")
+        self.search_ok = ok
 
     async def _check_store(self) -> None:
         error: str | None = None
@@ -164,6 +180,8 @@ class Readiness:
             "store": {"state": "unknown" if self.store_ok is None else "reachable" if self.store_ok else "unreachable"},
             "backends": [health.public() for health in self.backends],
         }
+        if self.search is not None:
+            body["web_search"] = {"state": "unknown" if self.search_ok is None else "reachable" if self.search_ok else "unreachable"}
         return ready, body
 
 

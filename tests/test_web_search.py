@@ -346,3 +346,55 @@ async def test_a_key_made_without_web_search_gets_its_tools_left_out_on_both_fro
     r = await client.post(url + "/v1/messages", json=message, headers={"x-api-key": BOB, "anthropic-version": "2023-06-01"})
     assert r.status_code == 200 and "tools" not in backend.chat_requests[-1]
     assert not any(b["type"] in ("server_tool_use", "web_search_tool_result") for b in r.json()["content"])
+
+
+@needs_searx
+async def test_ready_names_the_engines_state_without_making_the_gateway_unready(searching, start_gateway, client):
+    with trio.fail_after(30):
+        while (body := (await client.get(searching + "/ready")).json())["web_search"]["state"] == "unknown":
+            await trio.sleep(0.05)  # (the first check runs in the background)
+    assert body["web_search"] == {"state": "reachable"} and body["status"] == "ready"
+    down = await start_gateway(web_search_url="http://127.0.0.1:9")
+    with trio.fail_after(30):
+        while (body := (await client.get(down + "/ready")).json())["web_search"]["state"] == "unknown":
+            await trio.sleep(0.05)
+    assert body["web_search"] == {"state": "unreachable"} and body["status"] == "ready"
+
+
+@needs_searx
+async def test_config_check_tries_the_engine(searx_url, tmp_path, backend):
+    import sys
+
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[backends.local]\ntype = "openai"\nbase_url = "{backend.url}"\n[[routes]]\nmodel = "*"\nbackends = ["local"]\n')
+    results = {}
+    for name, engine in (("up", searx_url), ("down", "http://127.0.0.1:9")):
+        with trio.fail_after(60):
+            done = await trio.run_process(
+                [sys.executable, "-m", "gateway", "config", "check", str(config)],
+                env={"PATH": "/usr/bin:/bin", "WEB_SEARCH_URL": engine}, capture_stdout=True, capture_stderr=True, check=False,
+            )
+        assert done.returncode == 0, done.stderr.decode()
+        results[name] = done.stdout.decode()
+    assert f"web search: {searx_url} answers" in results["up"]
+    assert "web search: http://127.0.0.1:9 does not answer a search (the search engine could not be reached)" in results["down"]
+
+
+@needs_searx
+async def test_searches_are_gateway_tool_calls_in_the_metrics_and_the_log_line_has_no_query(searching, start_gateway, client, caplog):
+    import logging
+
+    from test_metrics import samples_of, value
+
+    caplog.set_level(logging.INFO, logger="gateway.tools")
+    down = await start_gateway(web_search_url="http://127.0.0.1:9")
+    for url in (searching, down):
+        with trio.fail_after(30):
+            await sdk(url).responses.create(model="searcher", input="q", tools=SEARCH)  # type: ignore[list-item]
+    ok = samples_of((await client.get(searching + "/metrics")).text)
+    failed = samples_of((await client.get(down + "/metrics")).text)
+    assert value(ok, "gateway_mcp_calls_total", server="web_search", tool="web_search", outcome="ok") == 1
+    assert value(failed, "gateway_mcp_calls_total", server="web_search", tool="web_search", outcome="error") == 1
+    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.tools" and "web search" in r.getMessage()]
+    assert any(f"a query of {len(SEARCH_QUERY)} characters" in line for line in lines)
+    assert not any(SEARCH_QUERY in line for line in lines)

@@ -22,6 +22,26 @@ from .config import GatewayConfig, load_config
 __all__ = ["add_arguments", "context_windows", "main"]
 
 
+async def search_engine() -> str | None:
+    """A line on the web search engine WEB_SEARCH_URL names, tried with one search; None without one."""
+    import httpx2
+
+    from ..builtins.search import SearchError, SearxngProvider
+    from ..config import load_settings
+    from ..redact import public_url
+
+    settings = load_settings()
+    if not settings.web_search_url:
+        return None
+    where = public_url(settings.web_search_url)
+    async with httpx2.AsyncClient(timeout=5) as client:
+        try:
+            found = await SearxngProvider(settings.web_search_url, client, timeout=5).search("gateway", language=None, count=10)
+        except SearchError as error:
+            return f"  web search: {where} does not answer a search ({error.message}); searches will be tool errors"
+    return f"  web search: {where} answers ({len(found)} results for a test search)"
+
+
 async def context_windows(config: GatewayConfig) -> list[str]:
     """One line per route: its context window and where it comes from (the file, the backend's
     answer) or that it is unknown (the backend does not say, or was not reached in 3 s)."""
@@ -78,6 +98,9 @@ def main(args: argparse.Namespace) -> int:
         if not args.offline:
             for line in trio.run(context_windows, config):
                 print(line)
+            engine = trio.run(search_engine)
+            if engine:
+                print(engine)
         return 0
     from .codex import BASE_INSTRUCTIONS, codex_catalog
 

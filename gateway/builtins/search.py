@@ -93,6 +93,14 @@ class SearchError(Exception):
 
 
 class SearchProvider(Protocol):
+    async def probe(self) -> None:
+        """Whether the engine answers at all (for /ready).
+
+        Raises:
+            SearchError: it does not.
+        """
+        ...
+
     async def search(self, query: str, *, language: str | None, count: int) -> list[SearchResult]:
         """Results for `query`, best first (at most a page of them).
 
@@ -109,6 +117,19 @@ class SearxngProvider:
         self.url = base_url.rstrip("/") + "/search"
         self._client = client
         self._timeout = timeout
+
+    async def probe(self) -> None:
+        """Whether the instance answers (`GET /config`, which SearXNG and searx both serve).
+
+        Raises:
+            SearchError: it could not be reached, or did not answer 200.
+        """
+        try:
+            response = await self._client.get(self.url.removesuffix("/search") + "/config", timeout=self._timeout)
+        except httpx2.HTTPError:
+            raise SearchError("the search engine could not be reached", "unreachable") from None
+        if response.status_code != 200:
+            raise SearchError(f"the search engine answered HTTP {response.status_code}", "status")
 
     async def search(self, query: str, *, language: str | None, count: int) -> list[SearchResult]:
         params = {"q": query, "format": "json", "pageno": "1", "safesearch": "0"}

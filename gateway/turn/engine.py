@@ -895,6 +895,8 @@ class Turn:
             if options.max_uses is not None and used[0] > options.max_uses:
                 return ToolOutcome(error=f"the web search may be used at most {options.max_uses} times in this response")
             text, found = await engine.run(arguments, options)
+            if found.error is not None:  # (counted as the tool call's error in the metrics)
+                return ToolOutcome(error=text.removeprefix("Error: "), detail=_search_item(found, sources))
             return ToolOutcome(output=text, detail=_search_item(found, sources))
 
         tools.add_builtin(WEB_SEARCH_FUNCTION, "web_search_call", search)

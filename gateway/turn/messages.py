@@ -143,7 +143,10 @@ def _offer_search(
             block = _search_error("max_uses_exceeded")
             return ToolOutcome(error=f"the web search may be used at most {options.max_uses} times", detail={"block": block})
         text, found = await engine.run(arguments, options)
-        return ToolOutcome(output=text, detail={"block": _search_block(resources, found, owner)})
+        block = {"block": _search_block(resources, found, owner)}
+        if found.error is not None:  # (counted as the tool call's error in the metrics)
+            return ToolOutcome(error=text.removeprefix("Error: "), detail=block)
+        return ToolOutcome(output=text, detail=block)
 
     tools.add_builtin(WEB_SEARCH_FUNCTION, "web_search_tool_result", search)
     chat.setdefault("tools", []).append({"type": "function", "function": WEB_SEARCH_FUNCTION})
