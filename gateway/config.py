@@ -161,6 +161,11 @@ class Settings(BaseSettings):
         "web search tools (its JSON format on); empty: web search tools are left out.",
     )
     web_search_timeout: float = Field(10.0, gt=0, description="Seconds a web search may take before it is a tool error.")
+    web_fetch_allowed_hosts: str = Field(
+        "",
+        description="Comma-separated hosts, host:port, addresses or networks a model's page fetches may reach although "
+        "they are loopback or private (refused otherwise).",
+    )
     message_threads: bool = Field(
         True,
         description="Keep the Messages API's message threads (`thread`) in the store; off: a request with "

@@ -159,6 +159,7 @@ class Lifespan:
         readiness = Readiness(store, backend, self.drain, interval=settings.readiness_interval, store_location=store.location)
         web_search = self._web_search(settings)
         readiness.search = web_search.provider if web_search is not None else None
+        pages = self._pages(settings)
         await nursery.start(readiness.run)
         heartbeats = Heartbeats(settings.heartbeat_interval, stall_timeout=settings.client_stall_timeout)
         await nursery.start(heartbeats.run)
@@ -192,6 +193,7 @@ class Lifespan:
             limiter=limiter,
             drain=self.drain,
             web_search=web_search,
+            pages=pages,
         )
         return Shared(resources, keyring, limiter, readiness, heartbeats, runner)
 
@@ -217,6 +219,17 @@ class Lifespan:
 
         client = self._own(httpx2.AsyncClient(timeout=settings.web_search_timeout, follow_redirects=False))
         return WebSearch(SearxngProvider(settings.web_search_url, client, timeout=settings.web_search_timeout))
+
+    def _pages(self, settings: Settings) -> Any:
+        """The fetcher of the pages models open (its HTTP client owned here: no redirects followed
+        by the client, each is checked by the fetcher)."""
+        import httpx2
+
+        from .builtins.fetch import PageFetcher, PageTools
+
+        client = self._own(httpx2.AsyncClient(timeout=15.0, follow_redirects=False))
+        allow = [entry.strip() for entry in settings.web_fetch_allowed_hosts.split(",") if entry.strip()]
+        return PageTools(PageFetcher(client, allow=allow))
 
     def _own(self, resource: Any) -> Any:
         self._owned.append(resource)

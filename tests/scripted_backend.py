@@ -508,6 +508,8 @@ class ScriptedBackend:
             script = _numbered_call_script(body)
         elif model == "searcher":
             script = _searcher_script(body)
+        elif model in ("opener", "finder"):
+            script = _page_script(model, body)
         elif model == "web-agent":
             script = _web_agent_script(body)
         elif model == "lookup-twice":
@@ -657,6 +659,25 @@ def _searcher_script(body: dict[str, Any]) -> list[Any]:
         usage_chunk(),
         b"[DONE]",
     ]
+
+
+def _page_script(model: str, body: dict[str, Any]) -> list[Any]:
+    """Open (`opener`) or search (`finder`, for "nurseries") the page whose URL the user gave, with
+    the gateway's `open_page` / `find_in_page` (or Anthropic's `web_fetch`, where that is what is
+    offered); then say what the tool answered."""
+    names = {(t.get("function") or {}).get("name") for t in body.get("tools") or ()}
+    results = [m for m in body.get("messages") or () if m.get("role") == "tool"]
+    if results:
+        return [chunk({"content": "Read: " + str(results[-1]["content"])[:300]}), chunk(finish="stop"), usage_chunk(), b"[DONE]"]
+    asked = " ".join(str(m.get("content")) for m in body.get("messages") or () if m.get("role") == "user")
+    url = (re.findall(r"https?://\S+", asked) or ["http://nowhere.invalid/"])[0]
+    if "web_fetch" in names:
+        name, arguments = "web_fetch", {"url": url}
+    elif model == "finder":
+        name, arguments = "find_in_page", {"url": url, "pattern": "nurseries"}
+    else:
+        name, arguments = "open_page", {"url": url}
+    return [chunk(call_delta(0, id="call_p1", name=name, args=orjson.dumps(arguments).decode())), chunk(finish="tool_calls"), usage_chunk(), b"[DONE]"]
 
 
 def _web_agent_script(body: dict[str, Any]) -> list[Any]:

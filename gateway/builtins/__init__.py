@@ -1,5 +1,8 @@
 """The gateway's built-in tools: what a hosted tool type asks for, run by the gateway itself.
 
+    fetch      the pages a model opens (`open_page`, `find_in_page`, Anthropic's
+               `web_fetch_…`), behind the address guard, their text extracted
+               by trafilatura
     search     web search (`web_search` for Responses clients, Anthropic's
                `web_search_…` server tool for Messages clients): one
                executor, a provider behind one interface (`SearchProvider`;

@@ -38,8 +38,10 @@ import orjson
 from ..errors import InvalidRequest
 
 __all__ = [
+    "FIND_IN_PAGE",
     "FUNCTION",
     "Found",
+    "OPEN_PAGE",
     "SearchError",
     "SearchOptions",
     "SearchProvider",
@@ -70,8 +72,25 @@ FUNCTION: dict[str, Any] = {
     },
 }
 
+# The functions that open the pages a search found (OpenAI's `open_page` and `find_in_page` actions).
+OPEN_PAGE: dict[str, Any] = {
+    "name": "open_page",
+    "description": "Open a web page (a URL from the search results) and read its text.",
+    "parameters": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]},
+}
+FIND_IN_PAGE: dict[str, Any] = {
+    "name": "find_in_page",
+    "description": "Find the passages of a web page that contain a pattern.",
+    "parameters": {
+        "type": "object",
+        "properties": {"url": {"type": "string"}, "pattern": {"type": "string"}},
+        "required": ["url", "pattern"],
+    },
+}
+
 # search_context_size: how many results the model sees, and how much of each snippet.
 _CONTEXT = {"low": (3, 200), "medium": (5, 400), "high": (10, 800)}
+_PAGE_CHARS = {"low": 3000, "medium": 8000, "high": 20000}  # how much of an opened page the model reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +227,7 @@ class SearchOptions:
     language: str | None = None
     live: bool = True  # external_web_access: false asks for the gateway's cache only
     max_uses: int | None = None
+    page_text: int | None = None  # how much of an opened page the model reads (None: by the context size)
 
     @property
     def count(self) -> int:
@@ -216,6 +236,10 @@ class SearchOptions:
     @property
     def snippet_chars(self) -> int:
         return _CONTEXT[self.context_size][1]
+
+    @property
+    def page_chars(self) -> int:
+        return self.page_text if self.page_text is not None else _PAGE_CHARS[self.context_size]
 
 
 def results_text(query: str, results: Sequence[SearchResult], snippet_chars: int) -> str:

@@ -62,6 +62,7 @@ class MessagesEvents:
         # `context_management.applied_edits` for `message_delta` (None: the request asked for none).
         self.applied_edits: list[dict[str, Any]] | None = None
         self.web_search_requests = 0  # the gateway's searches, as `usage.server_tool_use` counts them
+        self.web_fetch_requests = 0  # and its page fetches
 
     def start(self) -> list[Event]:
         """`message_start` (once; every other method starts with it when it has not been sent)."""
@@ -130,8 +131,11 @@ class MessagesEvents:
             "cache_read_input_tokens": cached,
             "cache_creation_input_tokens": created,
         }
-        if self.web_search_requests:
-            shown["server_tool_use"] = {"web_search_requests": self.web_search_requests}  # type: ignore[assignment]
+        if self.web_search_requests or self.web_fetch_requests:
+            server = {"web_search_requests": self.web_search_requests}
+            if self.web_fetch_requests:
+                server["web_fetch_requests"] = self.web_fetch_requests
+            shown["server_tool_use"] = server  # type: ignore[assignment]
         delta = {"stop_reason": self._stop_reason or "end_turn", "stop_sequence": self._stop_sequence}
         last: Event = {"type": "message_delta", "delta": delta, "usage": shown}
         if self.applied_edits is not None:
@@ -162,6 +166,8 @@ class MessagesEvents:
             return []
         if block.get("type") == "web_search_tool_result":
             self.web_search_requests += 1
+        elif block.get("type") == "web_fetch_tool_result":
+            self.web_fetch_requests += 1
         events = self.start() + self._close()
         return events + self._begin(str(block["type"]), block) + self._close()
 

@@ -482,7 +482,7 @@ WEB_SEARCH_CALL = _CallKind(  # the gateway's web search (`gateway.builtins`): s
     "web_search_call",
     "ws",
     None,
-    opened=lambda c: {"status": "in_progress", "action": {"type": "search"}},
+    opened=lambda c: {"status": "in_progress", "action": {"type": c.name if c.name in ("open_page", "find_in_page") else "search"}},
     closing=lambda c, a: [("response.web_search_call.in_progress", {}), ("response.web_search_call.searching", {})],
     done=None,
     runs_in_gateway=True,

@@ -35,7 +35,8 @@ import trio
 
 from ..backends import BACKEND_WAIT, ChatBackend, ChatOpening, NativeRequest, WaitClock, WaitCounter, counting_waits
 from ..backends.routing import context_window_of
-from ..builtins.search import FUNCTION as WEB_SEARCH_FUNCTION, WEB_SEARCH_TYPES, Found, WebSearch
+from ..builtins.fetch import Opened, PageTools
+from ..builtins.search import FIND_IN_PAGE, FUNCTION as WEB_SEARCH_FUNCTION, OPEN_PAGE, WEB_SEARCH_TYPES, Found, WebSearch
 from ..config import Settings
 from ..drain import Drain
 from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot, token_reservation
@@ -97,6 +98,7 @@ class Resources:
     limiter: Limiter = field(default_factory=lambda: Limiter(None))
     drain: Drain = field(default_factory=Drain)
     web_search: WebSearch | None = None  # the gateway's web search, when WEB_SEARCH_URL names an engine
+    pages: PageTools | None = None  # the pages a model opens (open_page, find_in_page, web_fetch)
 
     @functools.cached_property
     def conversation_locks(self) -> conversation.ConversationLocks:
@@ -517,6 +519,16 @@ def _search_item(found: Found, sources: bool) -> dict[str, Any]:
     return {"status": "failed" if found.error else "completed", "action": action, "cite": cite}
 
 
+def _page_outcome(text: str, opened: Opened, action: dict[str, Any]) -> ToolOutcome:
+    """A page call's outcome: what the model reads, and its `web_search_call` item's action (a page
+    read is citable, as a search's results are)."""
+    if opened.error is not None:
+        return ToolOutcome(error=text.removeprefix("Error: "), detail={"status": "failed", "action": action})
+    page = opened.page
+    cite = [{"url": page.url, "title": page.title}] if page is not None else []
+    return ToolOutcome(output=text, detail={"status": "completed", "action": action, "cite": cite})
+
+
 def _allow_list(settings: Settings) -> list[str]:
     return [entry.strip() for entry in settings.mcp_allowed_urls.split(",") if entry.strip()]
 
@@ -900,6 +912,21 @@ class Turn:
             return ToolOutcome(output=text, detail=_search_item(found, sources))
 
         tools.add_builtin(WEB_SEARCH_FUNCTION, "web_search_call", search)
+        pages = self.resources.pages
+        if pages is not None:
+            filters = {"allowed": options.allowed_domains, "blocked": options.blocked_domains, "chars": options.page_chars}
+
+            async def open_page(arguments: dict[str, Any]) -> ToolOutcome:
+                text, opened = await pages.open(arguments.get("url"), **filters)  # type: ignore[arg-type]
+                return _page_outcome(text, opened, {"type": "open_page", "url": opened.url})
+
+            async def find_in_page(arguments: dict[str, Any]) -> ToolOutcome:
+                text, opened = await pages.find(arguments.get("url"), arguments.get("pattern"), **filters)
+                action = {"type": "find_in_page", "url": opened.url, "pattern": str(arguments.get("pattern") or "")}
+                return _page_outcome(text, opened, action)
+
+            tools.add_builtin(OPEN_PAGE, "web_search_call", open_page)
+            tools.add_builtin(FIND_IN_PAGE, "web_search_call", find_in_page)
         choice = self.req.tool_choice
         if isinstance(choice, dict) and choice.get("type") in WEB_SEARCH_TYPES:
             self.plan.body["tool_choice"] = {"type": "function", "function": {"name": WEB_SEARCH_FUNCTION["name"]}}

@@ -19,10 +19,12 @@ knows HTTP or bytes.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from ..backends import NativeRequest
+from ..errors import InvalidRequest
 from ..builtins.search import FUNCTION as WEB_SEARCH_FUNCTION, Found, SearchOptions, is_messages_web_search, messages_search_options
 from ..intake import RequestContext
 from ..streams.messages import MessagesSession
@@ -83,11 +85,14 @@ async def prepare_messages(
     )
     try:
         search = _web_search(resources, body) if ctx.caller.limits.web_search else None
+        fetching = _web_fetch(resources, body) if ctx.caller.limits.web_search else None
         edited, applied = await _edited(resources, body)
         chat = _mapped(edited, headers)
         admitted = await admit_chat(resources, chat, ctx, "msg", ctx.gateway_tools(), turn_id=message_id)
         if search is not None:
             _offer_search(resources, admitted.tools, chat, search, ctx.caller.owner, body.get("tool_choice"))
+        if fetching is not None:
+            _offer_fetch(resources, admitted.tools, chat, fetching, body.get("tool_choice"))
     except BaseException:
         if threading is not None:
             await threading.release()
@@ -154,6 +159,69 @@ def _offer_search(
         chat["tool_choice"] = {"type": "function", "function": {"name": WEB_SEARCH_FUNCTION["name"]}}  # (older Claude Codes force it)
     elif isinstance(choice, dict) and choice.get("type") == "any":
         chat["tool_choice"] = "required"
+
+
+WEB_FETCH: dict[str, Any] = {
+    "name": "web_fetch",
+    "description": "Fetch a web page (a URL the user gave or a search found) and read its text.",
+    "parameters": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]},
+}
+_FETCH_ERRORS = {"url_not_allowed", "url_not_accessible", "unsupported_content_type", "invalid_tool_input", "max_uses_exceeded"}
+
+
+def _web_fetch(resources: Resources, body: dict[str, Any]) -> SearchOptions | None:
+    """What the request's web fetch server tool (`web_fetch_…`) asks, when the gateway is to run
+    it (the model's backend does not run Anthropic's own).
+
+    Raises:
+        InvalidRequest: both domain lists, or a `max_uses` or `max_content_tokens` that is not a
+            positive integer.
+    """
+    for index, tool in enumerate(body.get("tools") or ()):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if isinstance(kind, str) and kind.startswith("web_fetch_") and tool.get("name", "web_fetch") == "web_fetch":
+            options = messages_search_options(tool, index)
+            most = tool.get("max_content_tokens")
+            if most is not None and (not isinstance(most, int) or isinstance(most, bool) or most < 1):
+                raise InvalidRequest(
+                    f"tools.{index}.max_content_tokens: must be a positive integer.", param=f"tools.{index}.max_content_tokens", code="invalid_value"
+                )
+            speaks = getattr(resources.backend, "speaks_messages", None)
+            if resources.pages is None or (speaks is not None and speaks(str(body["model"]))):
+                return None
+            chars = most * 4 if most is not None else 40_000  # (about four characters a token)
+            return SearchOptions(options.allowed_domains, options.blocked_domains, "medium", None, True, options.max_uses, chars)
+    return None
+
+
+def _offer_fetch(resources: Resources, tools: RequestTools, chat: dict[str, Any], options: SearchOptions, choice: Any) -> None:
+    """The gateway's page fetcher offered as `web_fetch`; its calls shown as `server_tool_use` and
+    `web_fetch_tool_result` blocks."""
+    pages = resources.pages
+    assert pages is not None
+    used = [0]
+
+    async def fetch(arguments: dict[str, Any]) -> ToolOutcome:
+        used[0] += 1
+        if options.max_uses is not None and used[0] > options.max_uses:
+            error = {"type": "web_fetch_tool_result", "content": {"type": "web_fetch_tool_result_error", "error_code": "max_uses_exceeded"}}
+            return ToolOutcome(error=f"web_fetch may be used at most {options.max_uses} times", detail={"block": error})
+        text, opened = await pages.open(arguments.get("url"), allowed=options.allowed_domains, blocked=options.blocked_domains, chars=options.page_chars)
+        page = opened.page
+        if page is None:
+            code = opened.error_kind if opened.error_kind in _FETCH_ERRORS else "url_not_accessible"
+            error = {"type": "web_fetch_tool_result", "content": {"type": "web_fetch_tool_result_error", "error_code": code}}
+            return ToolOutcome(error=text.removeprefix("Error: "), detail={"block": error})
+        shown = page.text if len(page.text) <= options.page_chars else page.text[: options.page_chars]
+        document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": shown}, "title": page.title}
+        retrieved = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(resources.clock()))
+        block = {"type": "web_fetch_tool_result", "content": {"type": "web_fetch_result", "url": page.url, "retrieved_at": retrieved, "content": document}}
+        return ToolOutcome(output=text, detail={"block": block})
+
+    tools.add_builtin(WEB_FETCH, "web_fetch_tool_result", fetch)
+    chat.setdefault("tools", []).append({"type": "function", "function": WEB_FETCH})
+    if isinstance(choice, dict) and choice.get("type") == "tool" and choice.get("name") == "web_fetch":
+        chat["tool_choice"] = {"type": "function", "function": {"name": "web_fetch"}}
 
 
 def _search_error(code: str) -> dict[str, Any]:
