@@ -398,3 +398,25 @@ async def test_searches_are_gateway_tool_calls_in_the_metrics_and_the_log_line_h
     lines = [r.getMessage() for r in caplog.records if r.name == "gateway.tools" and "web search" in r.getMessage()]
     assert any(f"a query of {len(SEARCH_QUERY)} characters" in line for line in lines)
     assert not any(SEARCH_QUERY in line for line in lines)
+
+
+@needs_searx
+async def test_a_follow_up_turn_sends_the_sealed_results_back_and_the_model_reads_what_was_found(searching, backend, client):
+    first_ask: dict[str, Any] = dict(model="searcher", max_tokens=64, tools=ANTHROPIC_SEARCH, messages=[{"role": "user", "content": "q"}])
+    with trio.fail_after(30):
+        first = await claude(searching).messages.create(**first_ask)
+        history = [*first_ask["messages"], {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]}, {"role": "user", "content": "thanks"}]
+        await claude(searching).messages.create(model="text", max_tokens=32, tools=ANTHROPIC_SEARCH, messages=history)
+    messages = backend.chat_requests[-1]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "user"]
+    assert messages[1]["tool_calls"][0]["function"]["name"] == "web_search"
+    assert messages[2]["content"].startswith(f"[1] {CORPUS[0]['title']}\n{CORPUS[0]['url']}\n")
+    # A result that this gateway did not seal is a 400 naming it.
+    forged = [dict(b) for b in history[1]["content"]]
+    forged[1] = {**forged[1], "content": [{**forged[1]["content"][0], "encrypted_content": "not-ours"}]}
+    r = await client.post(
+        searching + "/v1/messages",
+        json={"model": "text", "max_tokens": 32, "messages": [history[0], {"role": "assistant", "content": forged}, history[2]]},
+        headers={"anthropic-version": "2023-06-01"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("messages.1.content.1.content.0.encrypted_content:")

@@ -32,7 +32,7 @@ from .chat import ChatTurn, admit_chat
 from .engine import Resources
 from .tools import RequestTools, ToolOutcome
 from .context_edits import apply_edits
-from .messages_plan import chat_request, native_body, unmapped
+from .messages_plan import chat_request, native_body, restore_searches, unmapped
 from .threads import THREADS_BETA, open_thread
 
 __all__ = ["count_message_tokens", "prepare_messages"]
@@ -87,6 +87,7 @@ async def prepare_messages(
         search = _web_search(resources, body) if ctx.caller.limits.web_search else None
         fetching = _web_fetch(resources, body) if ctx.caller.limits.web_search else None
         edited, applied = await _edited(resources, body)
+        edited = _searches_restored(resources, edited, ctx.caller.owner)
         chat = _mapped(edited, headers)
         admitted = await admit_chat(resources, chat, ctx, "msg", ctx.gateway_tools(), turn_id=message_id)
         if search is not None:
@@ -222,6 +223,27 @@ def _offer_fetch(resources: Resources, tools: RequestTools, chat: dict[str, Any]
     chat.setdefault("tools", []).append({"type": "function", "function": WEB_FETCH})
     if isinstance(choice, dict) and choice.get("type") == "tool" and choice.get("name") == "web_fetch":
         chat["tool_choice"] = {"type": "function", "function": {"name": "web_fetch"}}
+
+
+def _searches_restored(resources: Resources, body: dict[str, Any], owner: str | None) -> dict[str, Any]:
+    """The body a chat backend gets, with the gateway's earlier searches in it readable again
+    (`messages_plan.restore_searches`: sealed for `owner`, opened here).
+
+    Raises:
+        InvalidRequest: a result's `encrypted_content` does not open.
+    """
+    if not any(
+        isinstance(b, dict) and b.get("type") == "web_search_tool_result"
+        for m in body["messages"] if m.get("role") == "assistant" and isinstance(m.get("content"), list)
+        for b in m["content"]
+    ):
+        return body
+
+    def open_result(token: str) -> dict[str, Any] | None:
+        found = resources.sealer.open("web_search", token)
+        return found if found is not None and found.get("owner") == owner else None
+
+    return {**body, "messages": restore_searches(body["messages"], open_result)}
 
 
 def _search_error(code: str) -> dict[str, Any]:

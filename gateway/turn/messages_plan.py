@@ -32,7 +32,9 @@ from typing import Any
 
 import orjson
 
-__all__ = ["chat_request", "native_body", "reasoning_effort", "unmapped"]
+from ..errors import InvalidRequest
+
+__all__ = ["chat_request", "native_body", "reasoning_effort", "restore_searches", "unmapped"]
 
 # What becomes of each top-level field in the chat request (anything else: `unmapped`).
 _MAPPED = frozenset(
@@ -98,6 +100,61 @@ def reasoning_effort(body: Mapping[str, Any]) -> str | None:
         effort = output.get("effort") if isinstance(output, dict) else None
         return {"low": "low", "medium": "medium", "high": "high", "max": "high"}.get(str(effort))
     return None
+
+
+def restore_searches(messages: list[dict[str, Any]], open_result: Any) -> list[dict[str, Any]]:
+    """`messages` with the gateway's own earlier web searches made readable for a chat backend
+    (pure, but for `open_result`): in an assistant message, a `server_tool_use` (web_search) and
+    its `web_search_tool_result` become a `tool_use` and, in a user turn after it, a
+    `tool_result` listing what was found (each result's `encrypted_content` opened by
+    `open_result(token)`: the result's `url`, `title` and `snippet`, or None when it does not
+    open).  Other server blocks are left as they are (a chat backend does not get them).
+
+    Raises:
+        InvalidRequest: a result's `encrypted_content` does not open (named by its place).
+    """
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if message.get("role") != "assistant" or not isinstance(content, list) or not any(
+            isinstance(b, dict) and b.get("type") == "web_search_tool_result" for b in content
+        ):
+            out.append(message)
+            continue
+        uses = {b.get("id"): b for b in content if isinstance(b, dict) and b.get("type") == "server_tool_use"}
+        head: list[Any] = []
+        for j, block in enumerate(content):
+            if isinstance(block, dict) and block.get("type") == "server_tool_use" and block.get("name") == "web_search":
+                head.append({"type": "tool_use", "id": block["id"], "name": "web_search", "input": block.get("input") or {}})
+            elif isinstance(block, dict) and block.get("type") == "web_search_tool_result" and block.get("tool_use_id") in uses:
+                text = _found_text(block, open_result, f"messages.{i}.content.{j}.content")
+                out.append({**message, "content": head})
+                out.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": block["tool_use_id"], "content": text}]})
+                head = []
+            else:
+                head.append(block)
+        if head:
+            out.append({**message, "content": head})
+    return out
+
+
+def _found_text(block: Mapping[str, Any], open_result: Any, where: str) -> str:
+    results = block.get("content")
+    if not isinstance(results, list):  # an error block
+        code = results.get("error_code") if isinstance(results, dict) else None
+        return f"Error: the web search failed ({code or 'unavailable'})."
+    lines = []
+    for k, result in enumerate(results):
+        token = result.get("encrypted_content") if isinstance(result, dict) else None
+        found = open_result(token) if isinstance(token, str) else None
+        if found is None:
+            raise InvalidRequest(
+                f"{where}.{k}.encrypted_content: this search result was not produced by this gateway (or its key changed).",
+                param=f"{where}.{k}.encrypted_content",
+                code="invalid_encrypted_content",
+            )
+        lines.append(f"[{k + 1}] {found.get('title', '')}\n{found.get('url', '')}\n{found.get('snippet', '')}".rstrip())
+    return "\n\n".join(lines) or "No results."
 
 
 def unmapped(body: Mapping[str, Any]) -> list[str]:
