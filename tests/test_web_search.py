@@ -89,7 +89,7 @@ async def test_a_search_the_model_asks_for_is_run_by_the_gateway_and_shown_as_a_
     # The model got the results as a tool result; the client's web_search tool never reached it as is.
     assert f"[1] {CORPUS[0]['title']}\n{urls[0]}" in tool_result(backend)
     offered = backend.chat_requests[0]["tools"]
-    assert [t["function"]["name"] for t in offered] == ["web_search"]
+    assert [t["function"]["name"] for t in offered] == ["web_search", "open_page", "find_in_page"]
     assert offered[0]["function"]["parameters"]["required"] == ["query"]
 
 

@@ -29,13 +29,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-import httpx2
 import orjson
 
 from ..errors import InvalidRequest
+
+if TYPE_CHECKING:  # (the HTTP client only where a search is made: the planner reads this module's options)
+    import httpx2
 
 __all__ = [
     "FIND_IN_PAGE",
@@ -143,6 +145,8 @@ class SearxngProvider:
         Raises:
             SearchError: it could not be reached, or did not answer 200.
         """
+        import httpx2
+
         try:
             response = await self._client.get(self.url.removesuffix("/search") + "/config", timeout=self._timeout)
         except httpx2.HTTPError:
@@ -151,6 +155,8 @@ class SearxngProvider:
             raise SearchError(f"the search engine answered HTTP {response.status_code}", "status")
 
     async def search(self, query: str, *, language: str | None, count: int) -> list[SearchResult]:
+        import httpx2
+
         params = {"q": query, "format": "json", "pageno": "1", "safesearch": "0"}
         if language:
             params["language"] = language
