@@ -420,3 +420,20 @@ async def test_a_follow_up_turn_sends_the_sealed_results_back_and_the_model_read
         headers={"anthropic-version": "2023-06-01"},
     )
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("messages.1.content.1.content.0.encrypted_content:")
+
+
+@needs_searx
+async def test_each_search_counts_as_one_of_the_keys_requests_and_past_the_limit_is_a_tool_error(nursery, backend, searx_url, client):
+    from gateway.keys.stores import MemoryKeys
+    from test_keys import ALICE, key
+
+    keys = MemoryKeys(clock=lambda: 1_700_000_000.0)
+    await keys.put(key("alice", ALICE, rpm=1))  # the request itself is the one; its search is one too many
+    settings = make_settings(backend.url, web_search_url=searx_url)
+    app = gateway.create_app(settings, keys=keys, clock=lambda: 1_700_000_000.0)
+    url = await nursery.start(functools.partial(gateway.serve, settings, app=app))
+    r = await client.post(url + "/v1/responses", json={"model": "searcher", "input": "q", "tools": SEARCH}, headers={"authorization": f"Bearer {ALICE}"})
+    assert r.status_code == 200 and r.json()["status"] == "completed"
+    call = r.json()["output"][0]
+    assert call["type"] == "web_search_call" and call["status"] == "failed"
+    assert tool_result(backend).startswith("Error: the key's rate limit is reached (Rate limit reached for requests")

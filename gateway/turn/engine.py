@@ -44,6 +44,7 @@ from ..observe import Telemetry
 from ..observe.outcome import TurnOutcome, log_outcome
 from ..errors import (
     BackendStatusError,
+    RateLimited,
     BackendStreamError,
     GatewayError,
     InternalError,
@@ -519,6 +520,17 @@ def _search_item(found: Found, sources: bool) -> dict[str, Any]:
     return {"status": "failed" if found.error else "completed", "action": action, "cite": cite}
 
 
+async def counted(resources: Resources, caller: Caller) -> str | None:
+    """A built-in tool's call counted as one of the key's requests (its rpm); why it may not run, or None."""
+    try:
+        await resources.limiter.admit_request(caller)
+    except RateLimited as limited:
+        return f"the key's rate limit is reached ({limited.message.rstrip('.')}); try again in {limited.retry_after:.0f} s"
+    except GatewayError:
+        return None  # (the key store failed: the call is not refused for that)
+    return None
+
+
 def _page_outcome(text: str, opened: Opened, action: dict[str, Any]) -> ToolOutcome:
     """A page call's outcome: what the model reads, and its `web_search_call` item's action (a page
     read is citable, as a search's results are)."""
@@ -906,6 +918,10 @@ class Turn:
             used[0] += 1
             if options.max_uses is not None and used[0] > options.max_uses:
                 return ToolOutcome(error=f"the web search may be used at most {options.max_uses} times in this response")
+            refused = await counted(self.resources, self.caller)
+            if refused is not None:
+                query = str(arguments.get("query") or "")
+                return ToolOutcome(error=refused, detail=_search_item(Found(query=query, error=refused, error_kind="too_many_requests"), sources))
             text, found = await engine.run(arguments, options)
             if found.error is not None:  # (counted as the tool call's error in the metrics)
                 return ToolOutcome(error=text.removeprefix("Error: "), detail=_search_item(found, sources))

@@ -25,11 +25,12 @@ from typing import Any
 
 from ..backends import NativeRequest
 from ..errors import InvalidRequest
+from ..keys import Caller
 from ..builtins.search import FUNCTION as WEB_SEARCH_FUNCTION, Found, SearchOptions, is_messages_web_search, messages_search_options
 from ..intake import RequestContext
 from ..streams.messages import MessagesSession
 from .chat import ChatTurn, admit_chat
-from .engine import Resources
+from .engine import Resources, counted
 from .tools import RequestTools, ToolOutcome
 from .context_edits import apply_edits
 from .messages_plan import chat_request, native_body, restore_searches, unmapped
@@ -91,7 +92,7 @@ async def prepare_messages(
         chat = _mapped(edited, headers)
         admitted = await admit_chat(resources, chat, ctx, "msg", ctx.gateway_tools(), turn_id=message_id)
         if search is not None:
-            _offer_search(resources, admitted.tools, chat, search, ctx.caller.owner, body.get("tool_choice"))
+            _offer_search(resources, admitted.tools, chat, search, ctx.caller, body.get("tool_choice"))
         if fetching is not None:
             _offer_fetch(resources, admitted.tools, chat, fetching, body.get("tool_choice"))
     except BaseException:
@@ -135,10 +136,11 @@ def _web_search(resources: Resources, body: dict[str, Any]) -> SearchOptions | N
 
 
 def _offer_search(
-    resources: Resources, tools: RequestTools, chat: dict[str, Any], options: SearchOptions, owner: str | None, choice: Any
+    resources: Resources, tools: RequestTools, chat: dict[str, Any], options: SearchOptions, caller: Caller, choice: Any
 ) -> None:
     """The gateway's web search offered to the chat model; its calls shown as Anthropic's
-    `server_tool_use` and `web_search_tool_result` blocks (results sealed for `owner`)."""
+    `server_tool_use` and `web_search_tool_result` blocks (results sealed for the caller); each
+    search counts as one of the key's requests."""
     engine = resources.web_search
     assert engine is not None
     used = [0]
@@ -148,8 +150,11 @@ def _offer_search(
         if options.max_uses is not None and used[0] > options.max_uses:
             block = _search_error("max_uses_exceeded")
             return ToolOutcome(error=f"the web search may be used at most {options.max_uses} times", detail={"block": block})
+        refused = await counted(resources, caller)
+        if refused is not None:
+            return ToolOutcome(error=refused, detail={"block": _search_error("too_many_requests")})
         text, found = await engine.run(arguments, options)
-        block = {"block": _search_block(resources, found, owner)}
+        block = {"block": _search_block(resources, found, caller.owner)}
         if found.error is not None:  # (counted as the tool call's error in the metrics)
             return ToolOutcome(error=text.removeprefix("Error: "), detail=block)
         return ToolOutcome(output=text, detail=block)
