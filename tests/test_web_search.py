@@ -300,6 +300,9 @@ async def test_a_messages_search_is_a_server_tool_use_and_its_result_block_befor
     urls = [r.url for r in result.content]  # type: ignore[union-attr]
     assert urls[0] == CORPUS[0]["url"] and all(r.encrypted_content for r in result.content)  # type: ignore[union-attr]
     assert text.text == f"See {urls[0]} for more."  # type: ignore[union-attr]
+    [citation] = text.citations  # type: ignore[union-attr]  # (the text writes the first result's URL)
+    assert citation.type == "web_search_result_location" and citation.url == urls[0] and citation.title == CORPUS[0]["title"]
+    assert citation.cited_text == CORPUS[0]["content"][:150] and citation.encrypted_index
     assert message.stop_reason == "end_turn" and message.usage.server_tool_use.web_search_requests == 1  # type: ignore[union-attr]
     assert backend.chat_requests[0]["tools"][0]["function"]["name"] == "web_search"
 

@@ -21,7 +21,7 @@ No I/O, no clock: ids come from the factory it is given.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import anthropic_error_body
@@ -63,6 +63,10 @@ class MessagesEvents:
         self.applied_edits: list[dict[str, Any]] | None = None
         self.web_search_requests = 0  # the gateway's searches, as `usage.server_tool_use` counts them
         self.web_fetch_requests = 0  # and its page fetches
+        # What the gateway's searches found, for `citations` (url -> the citation's fields), and the open
+        # text block's text (kept only once there is something to cite).
+        self._citable: dict[str, dict[str, Any]] = {}
+        self._text: list[str] = []
 
     def start(self) -> list[Event]:
         """`message_start` (once; every other method starts with it when it has not been sent)."""
@@ -105,6 +109,8 @@ class MessagesEvents:
             if text:
                 events += self._into("text", {"type": "text", "text": ""})
                 events.append(self._delta({"type": "text_delta", "text": text}))
+                if self._citable:
+                    self._text.append(text)
             for call in delta.get("tool_calls") or ():
                 events += self._tool(call)
             finish = choice.get("finish_reason")
@@ -160,10 +166,14 @@ class MessagesEvents:
             events.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
         return events + self._close()
 
-    def server_tool_result(self, block: dict[str, Any]) -> list[Event]:
-        """What a server tool found (`web_search_tool_result`): one block, whole."""
+    def server_tool_result(self, block: dict[str, Any], citable: Sequence[Mapping[str, Any]] = ()) -> list[Event]:
+        """What a server tool found (`web_search_tool_result`): one block, whole; `citable`, the
+        `web_search_result_location`s the answer's text may cite (a text block that writes a
+        result's URL gets its citation)."""
         if self.over:
             return []
+        for citation in citable:
+            self._citable.setdefault(citation["url"], dict(citation))
         if block.get("type") == "web_search_tool_result":
             self.web_search_requests += 1
         elif block.get("type") == "web_fetch_tool_result":
@@ -187,8 +197,14 @@ class MessagesEvents:
     def _close(self) -> list[Event]:
         if self._open is None:
             return []
+        events: list[Event] = []
+        if self._open == "text" and self._text:
+            text, self._text = "".join(self._text), []
+            for url, citation in self._citable.items():
+                if url in text:
+                    events.append(self._delta({"type": "citations_delta", "citation": dict(citation)}))
         self._open = None
-        return [{"type": "content_block_stop", "index": self._blocks - 1}]
+        return events + [{"type": "content_block_stop", "index": self._blocks - 1}]
 
     def _delta(self, delta: dict[str, Any], index: int | None = None) -> Event:
         return {"type": "content_block_delta", "index": self._blocks - 1 if index is None else index, "delta": delta}
@@ -315,7 +331,7 @@ class MessagesSession:
         block_id = self._server_ids.get(call.item_id)
         if block_id is not None:
             block = dict((detail or {}).get("block") or {"type": "web_search_tool_result", "content": {"type": "web_search_tool_result_error", "error_code": "unavailable"}})
-            shown = self.events.server_tool_result({**block, "tool_use_id": block_id})
+            shown = self.events.server_tool_result({**block, "tool_use_id": block_id}, (detail or {}).get("cite") or [])
         out = shown + self._events(self.chat.tool_result(call, output=output, error=error))
         if self.answer is not None and shown:
             self.answer.feed(shown)
@@ -378,6 +394,8 @@ class MessageCollector:
                     block["signature"] += delta["signature"]
                 elif delta["type"] == "input_json_delta":
                     self._inputs.setdefault(event["index"], []).append(delta["partial_json"])
+                elif delta["type"] == "citations_delta":
+                    block.setdefault("citations", []).append(delta["citation"])
             elif kind == "content_block_stop":
                 parts = self._inputs.pop(event["index"], None)
                 if parts is not None:

@@ -154,7 +154,7 @@ def _offer_search(
         if refused is not None:
             return ToolOutcome(error=refused, detail={"block": _search_error("too_many_requests")})
         text, found = await engine.run(arguments, options)
-        block = {"block": _search_block(resources, found, caller.owner)}
+        block = {"block": _search_block(resources, found, caller.owner), "cite": _citable(resources, found, caller.owner)}
         if found.error is not None:  # (counted as the tool call's error in the metrics)
             return ToolOutcome(error=text.removeprefix("Error: "), detail=block)
         return ToolOutcome(output=text, detail=block)
@@ -249,6 +249,21 @@ def _searches_restored(resources: Resources, body: dict[str, Any], owner: str | 
         return found if found is not None and found.get("owner") == owner else None
 
     return {**body, "messages": restore_searches(body["messages"], open_result)}
+
+
+def _citable(resources: Resources, found: Found, owner: str | None) -> list[dict[str, Any]]:
+    """The `web_search_result_location` citations the answer may make of what one search found
+    (`cited_text`: the start of the result's snippet; `encrypted_index` sealed for `owner`)."""
+    return [
+        {
+            "type": "web_search_result_location",
+            "url": result.url,
+            "title": result.title,
+            "cited_text": result.snippet[:150],
+            "encrypted_index": resources.sealer.seal("web_search_index", {"url": result.url, "owner": owner}),
+        }
+        for result in found.results
+    ]
 
 
 def _search_error(code: str) -> dict[str, Any]:
