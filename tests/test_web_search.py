@@ -9,6 +9,8 @@ client is the openai SDK, or raw HTTP where events are checked one by one.
 from __future__ import annotations
 
 import functools
+import pathlib
+import shutil
 from typing import Any
 
 import openai
@@ -440,3 +442,24 @@ async def test_each_search_counts_as_one_of_the_keys_requests_and_past_the_limit
     call = r.json()["output"][0]
     assert call["type"] == "web_search_call" and call["status"] == "failed"
     assert tool_result(backend).startswith("Error: the key's rate limit is reached (Rate limit reached for requests")
+
+
+AI_SDK = pathlib.Path(__file__).parent.parent / ".venv" / "ai-sdk"
+
+
+@needs_searx
+@pytest.mark.skipif(shutil.which("node") is None or not (AI_SDK / "node_modules" / "@ai-sdk" / "openai").is_dir(),
+                    reason="node or the Vercel AI SDK is not installed (.ci/run installs ai and @ai-sdk/openai where npm is)")
+async def test_the_vercel_ai_sdks_web_search_tool_gets_the_search_and_its_sources(searching, backend):
+    import orjson
+
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            ["node", str(pathlib.Path(__file__).parent / "js" / "ai_sdk_web_search.mjs"), searching, str(AI_SDK)],
+            capture_stdout=True, capture_stderr=True, check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    result = orjson.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert result["text"].startswith("See https://") and result["calls"][0]["name"] == "web_search"
+    cited = result["text"].split()[1]
+    assert {"url": cited, "title": CORPUS[0]["title"]} in result["sources"]  # from the url_citation annotation
