@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import pathlib
 import shutil
+import subprocess
 from typing import Any
 
 import openai
@@ -463,3 +464,34 @@ async def test_the_vercel_ai_sdks_web_search_tool_gets_the_search_and_its_source
     assert result["text"].startswith("See https://") and result["calls"][0]["name"] == "web_search"
     cited = result["text"].split()[1]
     assert {"url": cited, "title": CORPUS[0]["title"]} in result["sources"]  # from the url_citation annotation
+
+
+CODEX = pathlib.Path(__file__).parent.parent / ".venv" / "codex" / "node_modules" / ".bin" / "codex"
+
+
+@needs_searx
+@pytest.mark.skipif(not CODEX.exists(), reason="Codex CLI is not installed (.ci/run installs @openai/codex where npm is)")
+async def test_codex_with_live_web_search_shows_the_search_the_gateway_ran(searching, backend, tmp_path):
+    import orjson
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / ".codex").mkdir(parents=True)
+    work.mkdir()
+    (home / ".codex" / "config.toml").write_text(
+        f'model = "web-agent"\nmodel_provider = "gateway"\nweb_search = "live"\n'
+        f'[model_providers.gateway]\nname = "gateway"\nbase_url = "{searching}/v1"\nwire_api = "responses"\nenv_key = "GATEWAY_KEY"\n'
+    )
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "CODEX_HOME": str(home / ".codex"), "GATEWAY_KEY": "sk-test"}
+    with trio.fail_after(120):
+        done = await trio.run_process(
+            [str(CODEX), "exec", "--skip-git-repo-check", "--json", "Search the web for structured concurrency."],
+            cwd=work, env=env, capture_stdout=True, capture_stderr=True, stdin=subprocess.DEVNULL, check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    events = [orjson.loads(line) for line in done.stdout.splitlines() if line.startswith(b"{")]
+    searched = [e["item"] for e in events if e.get("type") == "item.completed" and e["item"].get("type") == "web_search"]
+    assert [item["query"] for item in searched] == [SEARCH_QUERY]
+    said = [e["item"]["text"] for e in events if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"]
+    assert said == [f"See {CORPUS[0]['url']} for more."]
+    sent = next(r for r in backend.chat_requests if any((t.get("function") or {}).get("name") == "web_search" for t in r.get("tools") or ()))
+    assert "web_search" in [(t.get("function") or {}).get("name") for t in sent["tools"]]

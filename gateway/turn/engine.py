@@ -520,6 +520,12 @@ def _search_item(found: Found, sources: bool) -> dict[str, Any]:
     return {"status": "failed" if found.error else "completed", "action": action, "cite": cite}
 
 
+@functools.cache
+def _warn_no_engine() -> None:
+    """Once per process: a client asked for web search (Codex does on every request), and no engine is set."""
+    log.warning("a request's web search tool is left out: set WEB_SEARCH_URL to a SearXNG instance to run it (see README, Web search)")
+
+
 async def counted(resources: Resources, caller: Caller) -> str | None:
     """A built-in tool's call counted as one of the key's requests (its rpm); why it may not run, or None."""
     try:
@@ -909,6 +915,8 @@ class Turn:
         """The built-in tools the request's own tools ask for (web search), when the gateway has
         them: the client asked for them by name, so they are offered whatever `gateway_tools` says."""
         options, engine = self.plan.web_search, self.resources.web_search
+        if options is not None and engine is None:
+            _warn_no_engine()
         if options is None or engine is None or not self.caller.limits.web_search:
             return
         sources = "web_search_call.action.sources" in (self.req.include or ())

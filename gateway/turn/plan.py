@@ -866,6 +866,8 @@ def _tools(
             chat.append(_custom_function(tool, flat))
             kinds[flat] = ToolKind("custom", tool["name"], namespace)
             continue
+        if kind in WEB_SEARCH_TYPES:
+            continue  # the gateway's own to run, when it has an engine (`Turn._offer_builtins`)
         if kind != "function":
             skipped.append(str(kind))
             continue
