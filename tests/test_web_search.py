@@ -401,6 +401,9 @@ async def test_searches_are_gateway_tool_calls_in_the_metrics_and_the_log_line_h
     failed = samples_of((await client.get(down + "/metrics")).text)
     assert value(ok, "gateway_mcp_calls_total", server="web_search", tool="web_search", outcome="ok") == 1
     assert value(failed, "gateway_mcp_calls_total", server="web_search", tool="web_search", outcome="error") == 1
+    assert value(ok, "gateway_web_tool_calls_total", tool="web_search", outcome="ok") == 1
+    assert value(failed, "gateway_web_tool_calls_total", tool="web_search", outcome="unreachable") == 1  # (failures by kind)
+    assert value(ok, "gateway_web_tool_duration_seconds_count", tool="web_search") == 1
     lines = [r.getMessage() for r in caplog.records if r.name == "gateway.tools" and "web search" in r.getMessage()]
     assert any(f"a query of {len(SEARCH_QUERY)} characters" in line for line in lines)
     assert not any(SEARCH_QUERY in line for line in lines)

@@ -62,6 +62,10 @@ class Telemetry:
     def mcp_call(self, *, server: str, tool: str, outcome: str, seconds: float) -> None:
         """A gateway tool call ended (`outcome`: `ok`, `error` or `timeout`)."""
 
+    def web_tool(self, *, tool: str, outcome: str, seconds: float) -> None:
+        """A web search or page fetch ended (`outcome`: `ok`, or why not: `unreachable`, `no_engine`,
+        `url_not_allowed`, ...; `seconds`: the engine's or the page's time)."""
+
     def store_operation(self, *, operation: str, seconds: float, ok: bool) -> None:
         """A conversation-store call ended."""
 
@@ -124,6 +128,9 @@ class Telemetries(Telemetry):
 
     def mcp_call(self, **kwargs: Any) -> None:
         self._each("mcp_call", **kwargs)
+
+    def web_tool(self, **kwargs: Any) -> None:
+        self._each("web_tool", **kwargs)
 
     def store_operation(self, **kwargs: Any) -> None:
         self._each("store_operation", **kwargs)

@@ -237,6 +237,23 @@ class PrometheusTelemetry(Telemetry):
                 registry=registry,
             )
         )
+        self._web_tools = _Children(
+            Counter(
+                "gateway_web_tool_calls",
+                "Web searches and page fetches the gateway ran, by tool and outcome (ok, or why not).",
+                ["tool", "outcome"],
+                registry=registry,
+            )
+        )
+        self._web_duration = _Children(
+            Histogram(
+                "gateway_web_tool_duration_seconds",
+                "Time a web search (the engine's answer) or a page fetch took.",
+                ["tool"],
+                buckets=LATENCY_BUCKETS,
+                registry=registry,
+            )
+        )
         self._store = _Children(
             Histogram(
                 "gateway_store_operation_duration_seconds",
@@ -320,6 +337,12 @@ class PrometheusTelemetry(Telemetry):
         server, tool = self._mcp_servers(server), self._mcp_tools(tool)
         self._mcp_calls(server, tool, outcome).inc()
         self._mcp_duration(server, tool).observe(seconds)
+
+    @_never_raises
+    def web_tool(self, *, tool: str, outcome: str, seconds: float) -> None:
+        outcome = self._error_kinds(outcome)
+        self._web_tools(tool, outcome).inc()
+        self._web_duration(tool).observe(seconds)
 
     @_never_raises
     def store_operation(self, *, operation: str, seconds: float, ok: bool) -> None:

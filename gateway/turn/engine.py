@@ -520,6 +520,16 @@ def _search_item(found: Found, sources: bool) -> dict[str, Any]:
     return {"status": "failed" if found.error else "completed", "action": action, "cite": cite}
 
 
+async def timed_web(resources: Resources, tool: str, call: Awaitable[tuple[str, Any]]) -> tuple[str, Any]:
+    """A web search or page fetch (`call`: what `WebSearch.run` or `PageTools` give), counted in
+    the telemetry by its outcome (`ok`, or the kind of its failure) and time."""
+    started = trio.current_time()
+    text, outcome = await call
+    kind = "ok" if outcome.error is None else outcome.error_kind or "error"
+    resources.telemetry.web_tool(tool=tool, outcome=kind, seconds=trio.current_time() - started)
+    return text, outcome
+
+
 @functools.cache
 def _warn_no_engine() -> None:
     """Once per process: a client asked for web search (Codex does on every request), and no engine is set."""
@@ -930,7 +940,7 @@ class Turn:
             if refused is not None:
                 query = str(arguments.get("query") or "")
                 return ToolOutcome(error=refused, detail=_search_item(Found(query=query, error=refused, error_kind="too_many_requests"), sources))
-            text, found = await engine.run(arguments, options)
+            text, found = await timed_web(self.resources, "web_search", engine.run(arguments, options))
             if found.error is not None:  # (counted as the tool call's error in the metrics)
                 return ToolOutcome(error=text.removeprefix("Error: "), detail=_search_item(found, sources))
             return ToolOutcome(output=text, detail=_search_item(found, sources))
@@ -941,11 +951,11 @@ class Turn:
             filters = {"allowed": options.allowed_domains, "blocked": options.blocked_domains, "chars": options.page_chars}
 
             async def open_page(arguments: dict[str, Any]) -> ToolOutcome:
-                text, opened = await pages.open(arguments.get("url"), **filters)  # type: ignore[arg-type]
+                text, opened = await timed_web(self.resources, "open_page", pages.open(arguments.get("url"), **filters))  # type: ignore[arg-type]
                 return _page_outcome(text, opened, {"type": "open_page", "url": opened.url})
 
             async def find_in_page(arguments: dict[str, Any]) -> ToolOutcome:
-                text, opened = await pages.find(arguments.get("url"), arguments.get("pattern"), **filters)
+                text, opened = await timed_web(self.resources, "find_in_page", pages.find(arguments.get("url"), arguments.get("pattern"), **filters))
                 action = {"type": "find_in_page", "url": opened.url, "pattern": str(arguments.get("pattern") or "")}
                 return _page_outcome(text, opened, action)
 

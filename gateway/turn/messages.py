@@ -30,7 +30,7 @@ from ..builtins.search import FUNCTION as WEB_SEARCH_FUNCTION, Found, SearchOpti
 from ..intake import RequestContext
 from ..streams.messages import MessagesSession
 from .chat import ChatTurn, admit_chat
-from .engine import Resources, counted
+from .engine import Resources, counted, timed_web
 from .tools import RequestTools, ToolOutcome
 from .context_edits import apply_edits
 from .messages_plan import chat_request, native_body, restore_searches, unmapped
@@ -153,7 +153,7 @@ def _offer_search(
         refused = await counted(resources, caller)
         if refused is not None:
             return ToolOutcome(error=refused, detail={"block": _search_error("too_many_requests")})
-        text, found = await engine.run(arguments, options)
+        text, found = await timed_web(resources, "web_search", engine.run(arguments, options))
         block = {"block": _search_block(resources, found, caller.owner), "cite": _citable(resources, found, caller.owner)}
         if found.error is not None:  # (counted as the tool call's error in the metrics)
             return ToolOutcome(error=text.removeprefix("Error: "), detail=block)
@@ -212,7 +212,8 @@ def _offer_fetch(resources: Resources, tools: RequestTools, chat: dict[str, Any]
         if options.max_uses is not None and used[0] > options.max_uses:
             error = {"type": "web_fetch_tool_result", "content": {"type": "web_fetch_tool_result_error", "error_code": "max_uses_exceeded"}}
             return ToolOutcome(error=f"web_fetch may be used at most {options.max_uses} times", detail={"block": error})
-        text, opened = await pages.open(arguments.get("url"), allowed=options.allowed_domains, blocked=options.blocked_domains, chars=options.page_chars)
+        opening = pages.open(arguments.get("url"), allowed=options.allowed_domains, blocked=options.blocked_domains, chars=options.page_chars)
+        text, opened = await timed_web(resources, "web_fetch", opening)
         page = opened.page
         if page is None:
             code = opened.error_kind if opened.error_kind in _FETCH_ERRORS else "url_not_accessible"
