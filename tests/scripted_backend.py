@@ -508,6 +508,11 @@ class ScriptedBackend:
             script = _numbered_call_script(body)
         elif model == "searcher":
             script = _searcher_script(body)
+        elif model == "searcher-twice":
+            results = [m for m in body.get("messages") or () if m.get("role") == "tool"]
+            script = _searcher_script(body) if len(results) != 1 else [
+                chunk(call_delta(0, id="call_s2", name="web_search", args='{"query": "trio"}')), chunk(finish="tool_calls"), usage_chunk(), b"[DONE]",
+            ]
         elif model in ("opener", "finder"):
             script = _page_script(model, body)
         elif model == "web-agent":

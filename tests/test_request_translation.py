@@ -661,8 +661,9 @@ def test_hosted_tools_are_skipped_listed_and_logged_once(caplog: pytest.LogCaptu
     hosted = [{"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["vs_1"]}, {"type": "mcp", "server_label": "x"}]
     result = plan(tools=[hosted[0], function_tool("lookup"), *hosted[1:]])
     assert [t["function"]["name"] for t in result.body["tools"]] == ["lookup"]
-    # mcp is not skipped: the gateway serves it (gateway.turn.tools), so translation leaves it out silently.
-    assert result.skipped_tools == ["web_search", "file_search"]
+    # mcp and web_search are not skipped: the gateway serves them (gateway.turn.tools, gateway.builtins),
+    # so translation leaves them out of the chat tools silently; web_search's options are planned.
+    assert result.skipped_tools == ["file_search"] and result.web_search is not None
     warnings = [r for r in caplog.records if r.name == "gateway.plan" and r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert [t["name"] for t in result.response["tools"]] == ["lookup"]
@@ -671,7 +672,7 @@ def test_hosted_tools_are_skipped_listed_and_logged_once(caplog: pytest.LogCaptu
 
 def test_a_request_with_only_hosted_tools_sends_no_tools() -> None:
     result = plan(tools=[{"type": "web_search"}], tool_choice="auto", parallel_tool_calls=True)
-    assert result.skipped_tools == ["web_search"]
+    assert result.skipped_tools == [] and result.web_search is not None  # (offered as the gateway's own, when it has an engine)
     assert not {"tools", "tool_choice", "parallel_tool_calls"} & result.body.keys()
 
 

@@ -498,3 +498,45 @@ async def test_codex_with_live_web_search_shows_the_search_the_gateway_ran(searc
     assert said == [f"See {CORPUS[0]['url']} for more."]
     sent = next(r for r in backend.chat_requests if any((t.get("function") or {}).get("name") == "web_search" for t in r.get("tools") or ()))
     assert "web_search" in [(t.get("function") or {}).get("name") for t in sent["tools"]]
+
+
+@needs_searx
+@pytest.mark.parametrize("kind", ["web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"])
+async def test_the_dated_and_preview_tool_types_are_web_search_too(searching, backend, kind):
+    with trio.fail_after(30):
+        answer = await sdk(searching).responses.create(model="searcher", input="q", tools=[{"type": kind}])  # type: ignore[list-item]
+    assert [item.type for item in answer.output] == ["web_search_call", "message"]
+
+
+@needs_searx
+async def test_past_max_uses_a_messages_search_is_a_max_uses_exceeded_error_block(searching, backend):
+    tools = [{**ANTHROPIC_SEARCH[0], "max_uses": 1}]
+    with trio.fail_after(30):
+        message = await claude(searching).messages.create(model="searcher-twice", max_tokens=64, tools=tools, messages=[{"role": "user", "content": "q"}])  # type: ignore[arg-type]
+    kinds = [b.type for b in message.content]
+    assert kinds == ["server_tool_use", "web_search_tool_result", "server_tool_use", "web_search_tool_result", "text"]
+    assert isinstance(message.content[1].content, list)  # type: ignore[union-attr]
+    assert message.content[3].content.error_code == "max_uses_exceeded"  # type: ignore[union-attr]
+    assert message.usage.server_tool_use.web_search_requests == 2  # type: ignore[union-attr]
+
+
+@needs_searx
+async def test_on_an_anthropic_backend_the_server_tool_passes_through_untouched(nursery, tmp_path, monkeypatch, client, backend, searx_url):
+    from anthropic_server import AnthropicServer, serve_anthropic
+    from test_routing import start_with_config
+
+    server = AnthropicServer()
+    await nursery.start(serve_anthropic, server)
+    text = (
+        f'[backends.claude]\ntype = "anthropic"\nbase_url = "{server.url}"\napi_key = "sk-ant-0123456789"\n'
+        f'[backends.local]\ntype = "openai"\nbase_url = "{backend.url}"\n'
+        '[[routes]]\nmodel = "claude-*"\nbackends = ["claude"]\n[[routes]]\nmodel = "searcher"\nbackends = ["local"]\n'
+    )
+    url = await start_with_config(nursery, tmp_path, text, monkeypatch, web_search_url=searx_url)
+    headers = {"anthropic-version": "2023-06-01"}
+    body = {"max_tokens": 32, "tools": ANTHROPIC_SEARCH, "messages": [{"role": "user", "content": "q"}]}
+    r = await client.post(url + "/v1/messages", json={"model": "claude-text", **body}, headers=headers)
+    assert r.status_code == 200, r.text
+    assert server.requests[-1]["tools"] == ANTHROPIC_SEARCH  # Anthropic runs its own search
+    local = await client.post(url + "/v1/messages", json={"model": "searcher", **body}, headers=headers)
+    assert [b["type"] for b in local.json()["content"]][:2] == ["server_tool_use", "web_search_tool_result"]  # a chat route: the gateway's
