@@ -26,20 +26,31 @@ bench *ARGS: (_install "bench")
 serve *ARGS: (_install "")
     {{py}} -m gateway serve {{ARGS}}
 
+# Build the documentation (docs/, mkdocs.yml) into site/, strictly: a broken link, anchor or nav entry fails.
+docs *ARGS: (_install "docs")
+    {{py}} -m mkdocs build --strict -d site {{ARGS}}
+
 # Serve llama.cpp with SmolLM2 on port 8000 (a local backend for `just serve`).
 llama port="8000": (_install "demo" model)
     {{py}} -m gateway.lab.llamacpp --host 127.0.0.1 --port {{port}}
 
 # Install the gateway (editable) with one extra of pyproject.toml into .venv, then `nodeps` without
 # its dependencies. Skipped when .venv/.installed-EXTRA holds this pyproject.toml's hash and these
-# requirements: a recipe whose environment is up to date does not run pip.
+# requirements: a recipe whose environment is up to date does not run pip. The base install (no
+# extra) is also satisfied by any extra's up-to-date stamp, since an extra includes the base.
 _install extra nodeps="":
     #!/usr/bin/env bash
     set -euo pipefail
     spec='.{{ if extra == "" { "" } else { "[" + extra + "]" } }}' nodeps='{{ nodeps }}'
     stamp='{{ venv }}/.installed-{{ if extra == "" { "base" } else { extra } }}'
-    want="{{ sha256_file("pyproject.toml") }} $spec $nodeps"
+    hash='{{ sha256_file("pyproject.toml") }}'
+    want="$hash $spec $nodeps"
     if [[ -f $stamp && $(<"$stamp") == "$want" ]]; then exit 0; fi
+    if [[ -z '{{ extra }}' && -z $nodeps ]]; then
+        for other in '{{ venv }}'/.installed-*; do
+            if [[ -f $other && $(<"$other") == "$hash .["* ]]; then exit 0; fi
+        done
+    fi
     echo "just: installing $spec${nodeps:+ and $nodeps} into {{ venv }}" >&2
     test -x '{{ venv }}/bin/pip' || python3 -m venv '{{ venv }}'
     pip=('{{ py }}' -m pip install -q --disable-pip-version-check)

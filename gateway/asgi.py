@@ -5,7 +5,7 @@ Builds the app from the environment; each worker process imports this.
 
 from .app import create_app
 from .config import load_settings
-from .logs import configure_logging
+from .ops.logs import configure_logging
 
 settings = load_settings()
 configure_logging(settings)

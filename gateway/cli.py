@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gateway",
         description="Serve the OpenAI Responses API on top of any Chat Completions backend.",
-        epilog="Configuration comes from environment variables (and a .env file); see README.md.",
+        epilog="Configuration comes from environment variables (and a .env file): docs/configuration.md; examples/.env.example lists them.",
     )
     parser.add_argument("--version", action="version", version=f"gateway {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"gateway: {error}", file=sys.stderr)
         return 2
-    from .logs import configure_logging
+    from .ops.logs import configure_logging
     from .server import StartupError
     from .serving import run
 

@@ -342,22 +342,27 @@ def load_settings(**overrides: object) -> Settings:
             message names the variable.
     """
     env_file = overrides.get("_env_file", Settings.model_config.get("env_file"))
+    from_file: set[str] = set()  # the settings `.env` gives (and the environment does not override)
     if isinstance(env_file, str) and os.path.isfile(env_file):
         from dotenv import dotenv_values
 
-        misspelt = misspelt_settings(dotenv_values(env_file))
+        values = dotenv_values(env_file)
+        misspelt = misspelt_settings(values)
         if misspelt:
             raise ConfigError(
                 f"invalid configuration in {env_file}: "
                 + "; ".join(f"{name} is not a setting (did you mean {known}?)" for name, known in misspelt)
             )
+        environment = {name.upper() for name in os.environ}
+        from_file = {name.upper() for name in values if name.upper() not in environment}
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
             name = ".".join(str(p) for p in err["loc"]).upper() or "?"
-            problems.append(f"{name}: {err['msg']}")
+            source = f" (read from {env_file})" if name in from_file and name.lower() not in overrides else ""
+            problems.append(f"{name}{source}: {err['msg']}")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
 
 

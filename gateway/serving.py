@@ -89,7 +89,7 @@ def build_worker(settings: Settings) -> tuple[Any, Hooks]:
     Raises:
         ConfigError: the log file, say, cannot be used.
     """
-    from .logs import configure_logging
+    from .ops.logs import configure_logging
 
     configure_logging(settings)
     return _build_here(settings)
@@ -113,7 +113,7 @@ def refuse_self_reference(settings: Settings, binds: list[str]) -> None:
     Raises:
         StartupError: naming the setting and the URL.
     """
-    from .loops import self_references
+    from .ops.loops import self_references
 
     where = "OPENAI_BASE_URL_INTERNAL"
     urls = [settings.openai_base_url_internal]

@@ -6,7 +6,7 @@ import httpx2
 import orjson
 
 from gateway.backends.openai import ChatStream
-from gateway.redact import Redactor
+from gateway.ops.redact import Redactor
 from scripted_backend import chunk
 
 

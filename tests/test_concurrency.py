@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from conftest import parse_sse
-from gateway.sealing import Sealer
+from gateway.turn.sealing import Sealer
 from gateway.store import MemoryStore
 from gateway.streams.chunks import ChunkDecoder
 from gateway.transport.heartbeats import Heartbeats

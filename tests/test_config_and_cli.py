@@ -115,6 +115,19 @@ def test_a_misspelt_setting_in_dotenv_is_refused_naming_it(monkeypatch, tmp_path
     assert "STREAM_TIMOUT is not a setting (did you mean STREAM_TIMEOUT?)" in str(caught.value)
 
 
+def test_an_invalid_value_read_from_dotenv_says_it_came_from_there(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STREAM_TIMEOUT", raising=False)
+    (tmp_path / ".env").write_text("STREAM_TIMEOUT=soon\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "STREAM_TIMEOUT (read from .env):" in str(caught.value)
+    monkeypatch.setenv("STREAM_TIMEOUT", "later")  # the environment's value wins, and is the one named
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "STREAM_TIMEOUT:" in str(caught.value) and ".env" not in str(caught.value)
+
+
 def test_names_in_dotenv_that_are_nothing_like_a_setting_are_left_for_other_tools(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".env").write_text("DATABASE_URL=postgres://x\nHEARTBEAT_INTERVAL=2\n")

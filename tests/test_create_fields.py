@@ -4,10 +4,10 @@
 Responses `CreateResponseBody` and of OpenAI's `ResponseCreateParams`, and for
 every `include` value: forwarded to the backend, done by the gateway, echoed,
 or refused with a 400 naming it.  This file checks that the table covers
-every field the spec and the SDK know, that the README's "Request fields"
-section is the table, and walks the table over real sockets (the gateway on
-hypercorn, the scripted backend recording the chat request it got): each
-row's field is sent, and its fate must be what happens.
+every field the spec and the SDK know, that the docs' request fields page
+(docs/request-fields.md) is the table, and walks the table over real
+sockets (the gateway on hypercorn, the scripted backend recording the chat
+request it got): each row's field is sent, and its fate must be what happens.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ FATES = ("forwarded", "done", "echoed", "refused")
 GATEWAY_OWN = {"gateway_tools"}  # the gateway's own fields, beyond the spec and OpenAI's
 
 
-# --- the table covers every field, and the README is the table ------------------------------
+# --- the table covers every field, and the docs page is the table ------------------------------
 
 
 def spec_schemas() -> dict[str, Any]:
@@ -100,11 +100,11 @@ def test_every_row_names_a_known_field_with_one_of_the_four_fates():
     assert len(labels) == len(set(labels))
 
 
-def test_the_readmes_request_fields_section_is_the_table():
-    text = (ROOT / "README.md").read_text()
-    section = re.search(r"^## Request fields\n(.*?)^## ", text, re.S | re.M)
-    assert section, "README has no '## Request fields' section"
-    assert text.index("## Request fields") < text.index("## Errors")
+def test_the_docs_request_fields_page_is_the_table():
+    text = (ROOT / "docs" / "request-fields.md").read_text()
+    section = re.search(r"^# Request fields\n(.*?)(?=^#{1,2} |\Z)", text, re.S | re.M)
+    assert section, "docs/request-fields.md has no '# Request fields' section"
+    assert text.index("# Request fields") < text.index("| field | fate | how |")  # the table is in the section
     rows = [line for line in section.group(1).splitlines() if line.startswith("| `")]
     assert rows == [f"| `{row.label}` | {row.fate} | {row.how} |" for row in REQUEST_FIELDS]
 

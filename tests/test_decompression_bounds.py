@@ -18,7 +18,7 @@ import trio
 import zstandard
 
 from gateway.errors import RequestTooLarge
-from gateway.intake import RATIO_FLOOR, decode_body as decompress
+from gateway.app.bodies import RATIO_FLOOR, decode_body as decompress
 
 LIMIT = 64 * 1024 * 1024
 

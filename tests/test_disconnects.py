@@ -32,7 +32,7 @@ import trio
 import trio.testing
 
 import gateway
-import gateway.responses
+import gateway.api.responses
 from conftest import SequentialIds, make_settings
 from gateway.lab.disconnects import MCP_SERVER, Client, Http1Client, Http2Client, WebSocketClient, Watched
 
@@ -179,7 +179,7 @@ async def test_a_client_that_leaves_during_an_mcp_tool_call_has_the_call_cancell
 async def test_a_client_that_leaves_a_followed_background_response_lets_go_of_it_at_once(frozen, nursery, backend, monkeypatch, transport, how):
     kind, overrides = TRANSPORTS[transport]
     let_go = trio.Event()
-    follow_job = gateway.responses.follow_job
+    follow_job = gateway.api.responses.follow_job
 
     async def followed(job: Any, after: int) -> AsyncIterator[bytes]:
         try:
@@ -188,8 +188,8 @@ async def test_a_client_that_leaves_a_followed_background_response_lets_go_of_it
         finally:
             let_go.set()
 
-    monkeypatch.setattr(gateway.responses, "follow_job", followed)
-    monkeypatch.setattr(gateway.stored, "follow_job", followed)
+    monkeypatch.setattr(gateway.api.responses, "follow_job", followed)
+    monkeypatch.setattr(gateway.api.stored, "follow_job", followed)
     async with gateway_on(nursery, backend, **overrides) as url:
         client = kind()
         if how == "POST stream+background":

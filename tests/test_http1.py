@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from gateway.backends.http1 import _READ_SIZE, FixedRequest, Http1Transport, SentRequest, _Connection, _request_bytes
-from gateway.loops import HOP_HEADER, outgoing_hops
+from gateway.ops.loops import HOP_HEADER, outgoing_hops
 
 
 class Server:

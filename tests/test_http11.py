@@ -21,7 +21,7 @@ import trio
 
 import gateway
 from gateway.errors import RequestTooLarge
-from gateway.intake import read_body
+from gateway.app.bodies import read_body
 from gateway.server.ext import HTTP11 as HTTP11_EXTENSION
 from asgi_helpers import answer_lifespan
 from conftest import make_settings, parse_sse

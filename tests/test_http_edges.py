@@ -106,7 +106,7 @@ async def test_an_app_failing_after_its_stream_started_never_takes_the_process_d
         with pytest.raises(httpx2.RemoteProtocolError):  # the body ends unfinished: the client can tell
             await client.get(url + "/v1/boom")
         assert (await client.get(url + "/health")).status_code == 200, attempt
-    failures = [r for r in caplog.records if r.name == "gateway.edge"]
+    failures = [r for r in caplog.records if r.name == "gateway.app.edge"]
     assert len(failures) == 20 and all(r.exc_info is None for r in failures)
     assert not [r for r in caplog.records if "Error in ASGI Framework" in r.getMessage()]
 
@@ -467,3 +467,30 @@ async def test_chat_completions_and_the_messages_api_are_served_beside_the_frame
         listed = await client.get(url + "/v1/models")
         assert listed.status_code == 200
     assert seen == ["GET /v1/models"]  # the rest never reached the framework
+
+
+async def _response(stream: trio.SocketStream) -> tuple[int, bytes]:
+    """One HTTP/1.1 response with a Content-Length, read whole: its status and body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += await stream.receive_some(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += await stream.receive_some(65536)
+    return int(head.split()[1]), body
+
+
+async def test_a_body_the_app_answered_without_reading_does_not_cost_the_next_request(gateway_url):
+    """A GET that carries a body (its bytes sent after the app answered): the response says the
+    connection stays open, and it does, for the next request on it."""
+    host, port = gateway_url.removeprefix("http://").split(":")
+    with trio.fail_after(10):
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(b"GET /health HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\n")
+            status, body = await _response(stream)
+            assert status == 200 and orjson.loads(body)["status"] == "ok"
+            await stream.send_all(b"{}GET /ready HTTP/1.1\r\nHost: gw\r\n\r\n")
+            status, body = await _response(stream)
+            assert status in (200, 503) and "status" in orjson.loads(body)

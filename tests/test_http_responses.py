@@ -198,7 +198,12 @@ async def test_oversized_body_gets_413(start_gateway, client):
 
 async def test_health_root_and_unknown_paths(gateway_url, client):
     assert (await client.get(gateway_url + "/health")).json()["status"] == "ok"
-    assert "running" in (await client.get(gateway_url + "/")).json()["message"]
+    root = (await client.get(gateway_url + "/")).json()
+    assert "running" in root["message"]
+    for endpoint in [*root["endpoints"], "GET " + root["health"], "GET " + root["ready"]]:  # each is served here
+        method, path = endpoint.split()
+        answered = await client.request(method, gateway_url + path, content=b"{}")
+        assert answered.status_code in (200, 400), endpoint  # (a POST of `{}` is refused for what it lacks)
     r = await client.get(gateway_url + "/nope")
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
     r = await client.get(gateway_url + "/v1/responses")
@@ -216,6 +221,8 @@ async def test_one_info_line_per_request_without_prompt_text(gateway_url, client
         assert secret not in record.getMessage()
         assert record.exc_info is None or record.levelno < logging.INFO
     assert "status=completed" in lines[0].getMessage() and "first_event_ms=" in lines[0].getMessage()
+    # Who asked, in the words the metrics use: a request without a key is `anonymous`, not `-`.
+    assert all(" key=anonymous " in line.getMessage() for line in lines)
 
 
 async def test_every_frame_is_written_whole_with_lf_endings(gateway_url, client):

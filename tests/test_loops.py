@@ -14,7 +14,7 @@ import trio
 
 import gateway
 from conftest import SequentialIds, make_settings, parse_sse
-from gateway.loops import HOP_HEADER, INSTANCE, MAX_HOPS, self_references
+from gateway.ops.loops import HOP_HEADER, INSTANCE, MAX_HOPS, self_references
 
 
 def free_port() -> int:

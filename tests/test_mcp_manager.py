@@ -294,10 +294,19 @@ def test_a_tool_result_becomes_text_for_the_model() -> None:
 # --- the manager with stdio servers ----------------------------------------------------------
 
 
+async def wait_ready(manager: Any, names: list[str] | None = None) -> None:
+    """Once the named servers (default: all) are ready."""
+
+    def ready() -> bool:
+        return all(s.state == "ready" for s in manager.status() if names is None or s.name in names)
+
+    await manager.wait_for(ready)
+
+
 async def test_a_stdio_server_is_connected_and_its_tools_listed_and_called() -> None:
     async with open_manager([example()]) as manager:
         with trio.fail_after(10):
-            await manager.wait_ready()
+            await wait_ready(manager)
         [status] = manager.status()
         assert (status.name, status.type, status.state, status.tools, status.last_error) == (
             "example",
@@ -318,7 +327,7 @@ async def test_a_stdio_server_is_connected_and_its_tools_listed_and_called() -> 
 async def test_a_failing_tool_or_an_unknown_tool_is_an_error_result_not_an_exception() -> None:
     async with open_manager([example()]) as manager:
         with trio.fail_after(10):
-            await manager.wait_ready()
+            await wait_ready(manager)
             failed = await manager.call("fail", {"message": "the disk is on fire"})
             assert failed.is_error and "the disk is on fire" in failed.text
             bad_arguments = await manager.call("add", {"a": "x"})
@@ -330,7 +339,7 @@ async def test_a_failing_tool_or_an_unknown_tool_is_an_error_result_not_an_excep
 async def test_a_cancelled_call_returns_at_once_and_the_session_keeps_working() -> None:
     async with open_stderr_watch() as watch, open_manager([example()], errlog=watch.errlog) as manager:
         with trio.fail_after(10):
-            await manager.wait_ready()
+            await wait_ready(manager)
         pids = example_pids()
         async with trio.open_nursery() as nursery:
             cancelled = trio.Event()
@@ -361,7 +370,7 @@ async def test_a_server_that_exits_at_start_up_blocks_neither_start_up_nor_the_o
             await nursery.start(manager.run)
         assert [s.state for s in manager.status()] == ["connecting", "connecting"]
         with trio.fail_after(10):
-            await manager.wait_ready(["good"])
+            await wait_ready(manager, ["good"])
             await manager.wait_settled()
         broken = manager.status()[0]
         assert broken.state in ("failed", "reconnecting") and broken.last_error and broken.tools == []
@@ -374,7 +383,7 @@ async def test_a_server_that_exits_at_start_up_blocks_neither_start_up_nor_the_o
 async def test_a_server_killed_mid_call_gives_an_error_result_and_is_reconnected() -> None:
     async with open_stderr_watch() as watch, open_manager([example()], errlog=watch.errlog) as manager:
         with trio.fail_after(10):
-            await manager.wait_ready()
+            await wait_ready(manager)
         [pid] = example_pids()
         results: list[MCPResult] = []
         done = trio.Event()
@@ -403,7 +412,7 @@ async def test_calls_beyond_the_concurrency_limit_wait_for_a_slot() -> None:
         open_manager([example()], errlog=watch.errlog, call_concurrency=1) as manager,
     ):
         with trio.fail_after(10):
-            await manager.wait_ready()
+            await wait_ready(manager)
         order: list[str] = []
 
         async def first() -> None:
@@ -426,7 +435,7 @@ async def test_calls_beyond_the_concurrency_limit_wait_for_a_slot() -> None:
 async def test_stdio_servers_are_stopped_when_the_manager_is_cancelled() -> None:
     async with open_manager([example("one"), example("two")]) as manager:
         with trio.fail_after(10):
-            await manager.wait_ready()
+            await wait_ready(manager)
         pids = example_pids()
         assert len(pids) == 2
     for pid in pids:
@@ -437,7 +446,7 @@ async def test_stdio_servers_are_stopped_when_the_manager_is_cancelled() -> None
 async def test_tools_with_the_same_name_are_prefixed_with_the_later_servers_name() -> None:
     async with open_manager([example("first"), example("second")]) as manager:
         with trio.fail_after(10):
-            await manager.wait_ready()
+            await wait_ready(manager)
         names = [tool.name for tool in manager.tools()]
         assert names == EXAMPLE_TOOLS + [f"second__{name}" for name in EXAMPLE_TOOLS]
         prefixed = manager.find("second__add")
@@ -455,7 +464,7 @@ async def test_a_streamable_http_server_is_connected_with_its_headers(nursery: t
     config = ServerConfig(name="web", type="streamable-http", url=url, headers={"X-Team": "blue"})
     async with open_manager([config]) as manager:
         with trio.fail_after(10):
-            await manager.wait_ready()
+            await wait_ready(manager)
             assert manager.status()[0].tools == ["add", "boom", "header", "grow", "grow_quietly"]
             assert await manager.call("add", {"a": 1, "b": 2}) == MCPResult("3", is_error=False)
             assert await manager.call("header", {"name": "x-team"}) == MCPResult("blue", is_error=False)
@@ -467,7 +476,7 @@ async def test_an_sse_server_is_connected(nursery: trio.Nursery) -> None:
     url = await start_http_server(nursery, make_test_server(), kind="sse")
     async with open_manager([ServerConfig(name="events", type="sse", url=url)]) as manager:
         with trio.fail_after(10):
-            await manager.wait_ready()
+            await wait_ready(manager)
             assert await manager.call("add", {"a": 5, "b": 5}) == MCPResult("10", is_error=False)
 
 
@@ -475,7 +484,7 @@ async def test_tools_list_changed_from_the_server_refreshes_the_tools(nursery: t
     url = await start_http_server(nursery, make_test_server())
     async with open_manager([ServerConfig(name="web", type="streamable-http", url=url)]) as manager:
         with trio.fail_after(10):
-            await manager.wait_ready()
+            await wait_ready(manager)
             assert manager.find("extra") is None
             assert await manager.call("grow", {"name": "extra"}) == MCPResult("grown", is_error=False)
             await manager.wait_for(lambda: manager.find("extra") is not None)  # no timer: refresh_interval is 1 h
@@ -487,7 +496,7 @@ async def test_tools_are_refreshed_periodically(nursery: trio.Nursery) -> None:
     config = ServerConfig(name="web", type="streamable-http", url=url)
     async with open_manager([config], refresh_interval=0.1) as manager:
         with trio.fail_after(10):
-            await manager.wait_ready()
+            await wait_ready(manager)
             await manager.call("grow_quietly", {"name": "quiet"})
             await manager.wait_for(lambda: manager.find("quiet") is not None)
 

@@ -237,7 +237,7 @@ async def test_a_refusal_over_websocket_keeps_its_type_as_over_http(nursery, bac
 
 async def test_a_background_response_asked_for_once_background_work_has_stopped_is_a_503():
     from gateway.errors import ShuttingDown
-    from gateway.sealing import Sealer
+    from gateway.turn.sealing import Sealer
     from gateway.store import MemoryStore
     from gateway.transport.background import BackgroundRunner
     from gateway.turn import Resources, prepare_turn
@@ -257,16 +257,16 @@ async def test_a_background_response_asked_for_once_background_work_has_stopped_
 @pytest.mark.parametrize("extra", [{}, {"stream": True}, {"background": True}, {"background": True, "stream": True}],
                          ids=["json", "stream", "background", "background stream"])
 async def test_every_responses_body_is_decoded_and_validated_once(gateway_url, client, monkeypatch, extra):
-    import gateway.intake
+    import gateway.wire.requests
 
     decoded: list[bytes] = []
-    original = gateway.intake.decode_json_object
+    original = gateway.wire.requests.decode_json_object
 
     def counting(body: bytes) -> Any:
         decoded.append(body)
         return original(body)
 
-    monkeypatch.setattr(gateway.intake, "decode_json_object", counting)
+    monkeypatch.setattr(gateway.wire.requests, "decode_json_object", counting)
     r = await client.post(gateway_url + "/v1/responses", json={"model": "text", "input": "hi", **extra})
     assert r.status_code == 200
     assert len(decoded) == 1

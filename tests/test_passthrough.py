@@ -181,7 +181,7 @@ async def test_the_last_bytes_of_a_relayed_body_come_marked_as_its_end_with_what
 
 async def test_a_body_that_knows_its_last_bytes_sends_them_with_its_end_in_one_message():
     from gateway.transport.asgi import send_body
-    from gateway.transport.sse import DeferredHeadBody
+    from gateway.transport.body import DeferredHeadBody
 
     class Body(DeferredHeadBody):
         def __init__(self, parts: list[bytes], knows: bool) -> None:

@@ -1,4 +1,4 @@
-"""The README's examples run as written."""
+"""The README's commands and the docs' examples run as written; `./dev` and its recipes behave."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ import trio
 
 ROOT = pathlib.Path(__file__).parent.parent
 README = ROOT / "README.md"
+EMBEDDING = ROOT / "docs" / "embedding.md"  # the embedding and translator examples
+CONFIGURATION = ROOT / "docs" / "configuration.md"  # the settings table
 
 
 def example(marker: str) -> str:
-    match = re.search(rf"<!-- {marker} -->\n```python\n(.*?)```", README.read_text(), re.S)
-    assert match, f"README has no {marker}"
+    match = re.search(rf"<!-- {marker} -->\n```python\n(.*?)```", EMBEDDING.read_text(), re.S)
+    assert match, f"docs/embedding.md has no {marker}"
     return match.group(1)
 
 
@@ -36,7 +38,7 @@ async def test_the_embedding_example_serves_the_gateway_in_a_trio_program(backen
 
 
 def test_the_translator_example_runs_without_io(capsys):
-    exec(compile(example("translator-example"), "README.md", "exec"), {})
+    exec(compile(example("translator-example"), "docs/embedding.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("['response.created', 'response.in_progress', 'response.output_item.added'")
     assert out[0].endswith("'response.completed']")
@@ -135,14 +137,16 @@ def test_a_recipe_whose_environment_is_up_to_date_does_not_run_pip(tmp_path):
 def test_every_setting_is_in_the_configuration_table():
     from gateway import Settings
 
-    text = README.read_text()
+    text = CONFIGURATION.read_text()
     missing = [name.upper() for name in Settings.model_fields if f"`{name.upper()}`" not in text]
     assert missing == []
 
 
 def test_the_readme_says_where_the_design_card_is_left_and_why():
     text = README.read_text()
-    section = text[text.index("### The HTTP server") : text.index("## Endpoints")]
+    start = text.index("## Where the code departs from the design card")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end != -1 else len(text)]
     # The gateway's own HTTP/1.1 server by default, how to run under hypercorn and what that loses,
     # and the heartbeat wheel, each with its measured reason.
     assert "Plain HTTP/1.1 is the gateway's own server by default" in section
@@ -151,3 +155,42 @@ def test_the_readme_says_where_the_design_card_is_left_and_why():
     assert "ms" in section.split("Heartbeats come from one timer wheel per process", 1)[1][:600]
     # and the card's promises kept: every disconnect at once, with the figure
     assert "let go at once" in section and "0.18" in text
+
+
+def test_dev_with_no_arguments_lists_the_recipes_instead_of_running_setup():
+    if not (ROOT / ".venv" / "bin" / "just").exists() or not (ROOT / ".venv" / ".installed-just").exists():
+        pytest.skip("./dev has not installed just into .venv yet (it would fetch it)")
+    done = subprocess.run([sys.executable, ROOT / "dev"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "Available recipes" in done.stdout
+    for recipe in ("demo", "test", "serve", "docs"):
+        assert re.search(rf"^\s+{recipe}\b", done.stdout, re.M), done.stdout
+    assert "installing" not in done.stderr  # `setup` did not run
+
+
+def test_the_base_install_is_satisfied_by_any_extras_up_to_date_stamp(tmp_path):
+    just = pathlib.Path(sys.executable).with_name("just")
+    if not just.exists():
+        pytest.skip("just is not installed beside this Python (./dev installs it into .venv)")
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "pip").touch(mode=0o755)
+    (venv_bin / "python").write_text('#!/bin/sh\necho "$*" >>calls\n')
+    (venv_bin / "python").chmod(0o755)
+
+    def install(*args: str) -> list[str]:
+        subprocess.run(
+            [just, "--justfile", ROOT / "justfile", "--working-directory", tmp_path, "_install", *args],
+            check=True,
+            capture_output=True,
+        )
+        calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+        (tmp_path / "calls").unlink(missing_ok=True)
+        return calls
+
+    assert [call.split()[-2:] for call in install("test", "model==1")] == [["-e", ".[test]"], ["--no-deps", "model==1"]]
+    assert install("") == []  # `serve` after `test`: the test extra includes the base
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'changed'\n")
+    assert [call.split()[-2:] for call in install("")] == [["-e", "."]]  # a stale stamp satisfies nothing
+    assert install("") == []

@@ -16,8 +16,8 @@ import trio
 from hypothesis import given, settings, strategies as st
 
 from gateway import Settings
-from gateway.logs import SafeFormatter, add_log_secrets, configure_logging, escape_control, set_log_redactor
-from gateway.redact import MARKER, Redactor
+from gateway.ops.logs import SafeFormatter, add_log_secrets, configure_logging, escape_control, set_log_redactor
+from gateway.ops.redact import MARKER, Redactor
 from test_multi_instance_and_crash import STARTUP_SECONDS, run_gateway_process
 
 SECRET = "sk-test-9f3c1e7a5b2d4c6e8f0a1b3c5d7e9f1a"

@@ -620,12 +620,20 @@ def test_a_reasoning_item_with_only_encrypted_content_adds_nothing() -> None:
 # --- tools ---------------------------------------------------------------------------
 
 
-def test_function_tools_become_chat_tools_with_default_parameters() -> None:
+def skipped(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The tools the planner said it skipped (its one warning), in order."""
+    said = [r.getMessage() for r in caplog.records if r.name == "gateway.plan" and "skipped tools" in r.getMessage()]
+    return [name for message in said for name in message.rpartition(": ")[2].split(", ")]
+
+
+def test_function_tools_become_chat_tools_with_default_parameters(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logging.getLogger("gateway"), "propagate", True)
+    caplog.set_level(logging.WARNING, logger="gateway.plan")
     result = plan(tools=[function_tool("lookup")])
     assert result.body["tools"] == [
         {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
     ]
-    assert result.skipped_tools == []
+    assert skipped(caplog) == []
 
 
 def test_description_parameters_and_strict_are_sent_when_given() -> None:
@@ -663,16 +671,18 @@ def test_hosted_tools_are_skipped_listed_and_logged_once(caplog: pytest.LogCaptu
     assert [t["function"]["name"] for t in result.body["tools"]] == ["lookup"]
     # mcp and web_search are not skipped: the gateway serves them (gateway.turn.tools, gateway.builtins),
     # so translation leaves them out of the chat tools silently; web_search's options are planned.
-    assert result.skipped_tools == ["file_search"] and result.web_search is not None
+    assert skipped(caplog) == ["file_search"] and result.web_search is not None
     warnings = [r for r in caplog.records if r.name == "gateway.plan" and r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert [t["name"] for t in result.response["tools"]] == ["lookup"]
     validate_response(result.response)
 
 
-def test_a_request_with_only_hosted_tools_sends_no_tools() -> None:
+def test_a_request_with_only_hosted_tools_sends_no_tools(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logging.getLogger("gateway"), "propagate", True)
+    caplog.set_level(logging.WARNING, logger="gateway.plan")
     result = plan(tools=[{"type": "web_search"}], tool_choice="auto", parallel_tool_calls=True)
-    assert result.skipped_tools == [] and result.web_search is not None  # (offered as the gateway's own, when it has an engine)
+    assert skipped(caplog) == [] and result.web_search is not None  # (offered as the gateway's own, when it has an engine)
     assert not {"tools", "tool_choice", "parallel_tool_calls"} & result.body.keys()
 
 

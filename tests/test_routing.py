@@ -20,7 +20,7 @@ from gateway.backends.config import parse_config
 from gateway.backends.routing import build_router
 from gateway.config import ConfigError
 from gateway.errors import BackendUnavailable
-from gateway.redact import Redactor
+from gateway.ops.redact import Redactor
 from scripted_backend import ScriptedBackend, serve_backend
 from spec import validate_event
 
@@ -286,12 +286,12 @@ async def test_models_lists_the_configured_names_and_each_backends_own(nursery, 
     assert all(m["object"] == "model" for m in r.json()["data"])
 
 
-def test_the_readme_example_file_is_valid():
+def test_the_docs_example_file_is_valid():
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-    section = readme.split("## Several backends", 1)[1].split("\n## ", 1)[0]
+    page = (pathlib.Path(__file__).parent.parent / "docs" / "backends.md").read_text()
+    section = page.split("## Several backends", 1)[1].split("\n## ", 1)[0]
     (example,) = re.findall(r"```toml\n(.*?)```", section, re.S)
     config = parse_config(example, environ={"LOCAL_API_KEY": "k"})
     assert [t.model for t in config.route_for("reasoner").targets] == ["qwen3-32b"]  # type: ignore[union-attr]

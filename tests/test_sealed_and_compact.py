@@ -62,7 +62,7 @@ async def test_signed_reasoning_is_sealed_and_replayed_signed_but_never_sent_to_
     """A backend that signs its thinking (Anthropic) gets it back signed; the signature travels
     only inside the gateway's seal, and a Chat Completions backend never sees the field."""
     from gateway.streams.translator import ResponseTranslator
-    from gateway.sealing import Sealer
+    from gateway.turn.sealing import Sealer
     from gateway.turn.plan import TranslateOptions, plan_chat_request
     from gateway.wire import parse_create_request
     import orjson

@@ -13,7 +13,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.streams.chat_session import ChatSession, collect_chat_completion
+from gateway.streams.chat import ChatSession, collect_chat_completion
 from gateway.streams.chunks import DONE
 from gateway.streams.session import ResponseSession
 from gateway.streams.translator import ResponseTranslator, RoundCall

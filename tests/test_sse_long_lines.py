@@ -7,7 +7,7 @@ ends no line is set aside and the line is joined once, when its end arrives
 (`gateway.streams.sse`, and the relay's `UsageMeter`).  Shown here: the
 events and the usage are the same however long lines are cut, and a line
 being read is never copied whole before it ends.  (The figure for a 16 MiB
-line is in the README's load lab.)
+line is in docs/http-server.md, with the server's figures.)
 """
 
 from __future__ import annotations

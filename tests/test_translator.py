@@ -438,9 +438,14 @@ def bounded_translator(max_tool_calls: int) -> ResponseTranslator:
     return ResponseTranslator(response, ids=CountingIds(), clock=lambda: CLOCK)
 
 
+def feed_all(translator: ResponseTranslator, chunks: Any) -> list[dict[str, Any]]:
+    """Every chunk of a round fed in turn: the events they make."""
+    return [event for chunk in chunks for event in translator.feed(chunk)]
+
+
 def test_calls_beyond_max_tool_calls_are_dropped_as_openai_ignores_them():
     translator = bounded_translator(2)
-    events = translator.start() + translator.feed_all(SCENARIOS["index0-collisions"][:-1]) + translator.finish()
+    events = translator.start() + feed_all(translator, SCENARIOS["index0-collisions"][:-1]) + translator.finish()
     check(events, translator)
 
     assert [c["call_id"] for c in function_calls(translator.response)] == ["call_1", "call_2"]
@@ -450,9 +455,9 @@ def test_calls_beyond_max_tool_calls_are_dropped_as_openai_ignores_them():
 
 def test_max_tool_calls_counts_the_calls_of_every_round_of_a_response():
     translator = bounded_translator(1)
-    events = translator.start() + translator.feed_all(SCENARIOS["text-then-tool"][:-1])
+    events = translator.start() + feed_all(translator, SCENARIOS["text-then-tool"][:-1])
     more, produced = translator.end_round()
-    events += more + translator.feed_all(SCENARIOS["parallel-tools"][:-1]) + translator.finish()
+    events += more + feed_all(translator, SCENARIOS["parallel-tools"][:-1]) + translator.finish()
     check(events, translator)
 
     assert [c.call_id for c in produced.calls] == ["call_x"]

@@ -21,12 +21,11 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from .http1 import BACKEND_WAIT, WaitClock, WaitCounter, counting_waits
+from .http1 import WaitClock
 from .native import NativeRequest
 from .openai import OpenAICompatibleBackend
 
 __all__ = [
-    "BACKEND_WAIT",
     "Backend",
     "ChatBackend",
     "ChatChunks",
@@ -36,8 +35,6 @@ __all__ = [
     "Passthrough",
     "PassthroughBackend",
     "WaitClock",
-    "WaitCounter",
-    "counting_waits",
 ]
 
 
@@ -50,6 +47,13 @@ class ChatChunks(Protocol):
     """
 
     backend: str | None  # which backend answered (its name and URL, no secrets), for the outcome
+
+    @property
+    def waited(self) -> float:
+        """Seconds the round has waited on its backend so far (connecting, sending, its reads):
+        what it adds to a response is its duration less this, and a read that waited has let
+        the client's writer run meanwhile."""
+        ...
 
     @property
     def saw_done(self) -> bool:

@@ -24,10 +24,17 @@ import httpx2
 import orjson
 import trio
 
-from ..errors import BackendError, BackendStatusError, BackendStreamError, BackendTimeout
-from ..redact import Redactor, public_url
+from ..errors import (
+    BackendError,
+    BackendStatusError,
+    BackendStreamError,
+    BackendTimeout,
+)
+from ..ops.redact import Redactor, public_url
 from ..streams.chunks import DONE
 from ..streams.sse import SSEDecoder, SSETooLarge
+from .http1 import Http1Transport
+from .native import NativeRequest
 from .openai import (
     COUNT_UNAVAILABLE,
     PROBE_HEADERS,
@@ -37,8 +44,6 @@ from .openai import (
     read_bounded,
     retry_after_of,
 )
-from .http1 import Http1Transport
-from .native import NativeRequest
 
 __all__ = ["AnthropicBackend", "MessagesStream", "count_request", "messages_request"]
 
@@ -307,6 +312,7 @@ class _Chunks:
         self._mapper = MessagesStream()
         self.backend: str | None = None  # which backend this is (its adapter's label)
         self._ended = False
+        self.waited = 0.0  # seconds its reads waited on the backend
 
     @property
     def saw_done(self) -> bool:
@@ -317,6 +323,7 @@ class _Chunks:
 
     async def __anext__(self) -> list[Any]:
         while not self._ended:
+            began = trio.current_time()
             try:
                 data = await self._bytes.__anext__()
             except StopAsyncIteration:
@@ -327,6 +334,7 @@ class _Chunks:
             except httpx2.TransportError as exc:
                 raise backend_error_from(exc) from exc
             else:
+                self.waited += trio.current_time() - began
                 try:
                     events = self._sse.decode(self._redact.feed(data))
                 except SSETooLarge as exc:

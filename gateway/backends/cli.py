@@ -28,7 +28,7 @@ async def search_engine() -> str | None:
 
     from ..builtins.search import SearchError, SearxngProvider
     from ..config import load_settings
-    from ..redact import public_url
+    from ..ops.redact import public_url
 
     settings = load_settings()
     if not settings.web_search_url:
@@ -46,7 +46,7 @@ async def context_windows(config: GatewayConfig) -> list[str]:
     """One line per route: its context window and where it comes from (the file, the backend's
     answer) or that it is unknown (the backend does not say, or was not reached in 3 s)."""
     from ..config import load_settings
-    from ..redact import Redactor
+    from ..ops.redact import Redactor
     from .routing import build_router, context_window_of
 
     settings = load_settings(connect_timeout=3.0, stream_timeout=3.0)

@@ -20,9 +20,9 @@ What it does, as the adapters need it:
 - a body read to its end returns its connection to the pool; a body closed
   early (the client left) closes the connection at once, which is what
   tells the backend to stop generating;
-- the time a task spends waiting on a backend (connecting, for room to send,
-  for bytes to read) is added to the `WaitCounter` in `BACKEND_WAIT`, when the
-  task set one (`counting_waits`): what the gateway adds to a response is its
+- the time a request spends waiting on its backend (connecting, for room to
+  send, for bytes to read) is added up in its `WaitClock`, which its body
+  carries (`_Body.waits`): what the gateway adds to a response is its
   duration less that.
 
 Request bodies must be bytes (`content=`), which is what the chat path sends.
@@ -30,24 +30,22 @@ Request bodies must be bytes (`content=`), which is what the chat path sends.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from contextvars import ContextVar
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import httptools
 import httpx2
 import trio
 
-from ..loops import HOP_HEADER, outgoing_hops
+from ..ops.loops import HOP_HEADER, outgoing_hops
 
 __all__ = [
-    "BACKEND_WAIT", "FixedRequest", "Http1Response", "Http1Transport", "SentRequest", "WaitClock", "WaitCounter", "counting_waits", "origin_of",
+    "FixedRequest", "Http1Response", "Http1Transport", "SentRequest", "WaitClock", "origin_of",
 ]
 
 _READ_SIZE = 64 * 1024
@@ -57,14 +55,8 @@ Origin = tuple[str, str, int]
 T = TypeVar("T")
 
 
-class WaitCounter(Protocol):
-    """Where a task's waits on backends are added up (a turn's outcome, or a `WaitClock`)."""
-
-    waited: float  # seconds
-
-
 class WaitClock:
-    """A `WaitCounter` of its own."""
+    """A request's time waiting on its backend, in seconds (`waited`), added up as it goes."""
 
     __slots__ = ("waited",)
 
@@ -72,31 +64,13 @@ class WaitClock:
         self.waited = 0.0
 
 
-# Set by whoever wants to know how long its backend calls kept it waiting (a turn's rounds);
-# tasks started while it is set carry it too.
-BACKEND_WAIT: ContextVar[WaitCounter | None] = ContextVar("BACKEND_WAIT", default=None)
-
-
-@contextlib.contextmanager
-def counting_waits(counter: WaitCounter | None) -> Iterator[None]:
-    """Within, the task's waits on backends are added to `counter` (None: to nothing)."""
-    token = BACKEND_WAIT.set(counter)
-    try:
-        yield
-    finally:
-        BACKEND_WAIT.reset(token)
-
-
-async def _waiting(wait: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """`await wait(*args)`, its time added to the task's `WaitCounter` (if it has one)."""
-    counter = BACKEND_WAIT.get()
-    if counter is None:
-        return await wait(*args)
+async def _waiting(waits: WaitClock, wait: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """`await wait(*args)`, its time added to `waits`."""
     began = trio.current_time()
     try:
         return await wait(*args)
     finally:
-        counter.waited += trio.current_time() - began
+        waits.waited += trio.current_time() - began
 
 
 class _Connection:
@@ -120,6 +94,7 @@ class _Connection:
         "keep_alive",
         "drained",
         "on_body",
+        "waits",
     )
 
     def __init__(self, origin: Origin, sock: socket.socket, tls: trio.SSLStream[Any] | None) -> None:
@@ -139,6 +114,7 @@ class _Connection:
         self.received = False  # any byte of the current response
         self.keep_alive = False
         self.drained = False  # the last read took less than it could: the socket is likely empty
+        self.waits = WaitClock()  # the current request's (each request brings its own)
 
     # -- the parser's callbacks ----------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -168,7 +144,7 @@ class _Connection:
         if self.tls is not None:
             with trio.move_on_after(timeout) as scope:
                 try:
-                    await _waiting(self.tls.send_all, data)
+                    await _waiting(self.waits, self.tls.send_all, data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     raise httpx2.WriteError("the connection was lost while sending") from exc
             if scope.cancelled_caught:
@@ -185,7 +161,7 @@ class _Connection:
             view = view[sent:]
             if view:
                 with trio.move_on_after(timeout) as scope:
-                    await _waiting(trio.lowlevel.wait_writable, self.sock)
+                    await _waiting(self.waits, trio.lowlevel.wait_writable, self.sock)
                 if scope.cancelled_caught:
                     raise httpx2.WriteTimeout("timed out sending to the backend")
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -202,7 +178,7 @@ class _Connection:
         if self.tls is not None:
             with trio.move_on_after(timeout) as scope:
                 try:
-                    return bytes(await _waiting(self.tls.receive_some, _READ_SIZE))
+                    return bytes(await _waiting(self.waits, self.tls.receive_some, _READ_SIZE))
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     raise httpx2.ReadError("the connection was lost") from exc
             raise httpx2.ReadTimeout("timed out reading from the backend")
@@ -221,8 +197,7 @@ class _Connection:
                     await trio.lowlevel.checkpoint_if_cancelled()
                     return data
             self.drained = False
-            counter = BACKEND_WAIT.get()  # (`_waiting` inlined: this wait is the hot path's)
-            began = trio.current_time() if counter is not None else 0.0
+            began = trio.current_time()  # (`_waiting` inlined: this wait is the hot path's)
             timed_out = False
             try:
                 if timeout == math.inf:  # no timer: none to keep, or the caller bounds the wait (see _Body)
@@ -233,8 +208,7 @@ class _Connection:
                     timed_out = scope.cancelled_caught
             except trio.ClosedResourceError as exc:  # the body was stopped (`_Body.abort`)
                 raise httpx2.ReadError("the read was stopped") from exc
-            if counter is not None:
-                counter.waited += trio.current_time() - began
+            self.waits.waited += trio.current_time() - began
             if timed_out:
                 raise httpx2.ReadTimeout("timed out reading from the backend")
 
@@ -270,6 +244,7 @@ class _Body(httpx2.AsyncByteStream):
         self._closed = False
         self._eof = False
         self._aborted = False
+        self.waits = conn.waits  # the request's time waiting on the backend, its reads' included
 
     def __aiter__(self) -> _Body:
         return self
@@ -333,6 +308,11 @@ class Http1Response:
     @property
     def headers(self) -> httpx2.Headers:
         return httpx2.Headers(self.raw_headers)
+
+    @property
+    def waits(self) -> WaitClock:
+        """The request's time waiting on the backend so far (growing as its body is read)."""
+        return self.stream.waits
 
     async def aclose(self) -> None:
         await self.stream.aclose()
@@ -401,7 +381,7 @@ class SentRequest:
     (the connection closed: the backend stops working on the request).
     """
 
-    __slots__ = ("_transport", "_origin", "_message", "_unsent", "_connect_timeout", "_write_timeout", "_conn", "_reused", "_held")
+    __slots__ = ("_transport", "_origin", "_message", "_unsent", "_connect_timeout", "_write_timeout", "_conn", "_reused", "_held", "waits")
 
     def __init__(
         self, transport: Http1Transport, origin: Origin, message: bytes, connect_timeout: float, write_timeout: float
@@ -415,6 +395,7 @@ class SentRequest:
         self._conn: _Connection | None = None
         self._reused = False
         self._held = True  # the slot (and the connection, once there is one)
+        self.waits = WaitClock()  # this request's time waiting on the backend
 
     @classmethod
     def now(
@@ -424,6 +405,7 @@ class SentRequest:
         waiting; None, with the slot given back, when the connection turned out closed."""
         sent = cls(transport, origin, message, connect_timeout, write_timeout)
         sent._conn, sent._reused = conn, True
+        conn.waits = sent.waits
         conn.start_response()
         try:
             count = conn.sock.send(message)
@@ -446,8 +428,9 @@ class SentRequest:
             conn = None if fresh else transport._reuse(self._origin)
             self._reused = conn is not None
             if conn is None:
-                conn = await transport._connect(self._origin, self._connect_timeout)
+                conn = await transport._connect(self._origin, self._connect_timeout, self.waits)
             self._conn = conn
+            conn.waits = self.waits
             conn.start_response()
             try:
                 await conn.send(self._message, self._write_timeout)
@@ -541,7 +524,7 @@ class Http1Transport(httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         timeouts = request.extensions.get("timeout") or {}
         origin = origin_of(request.url)
-        # Every request to a backend says which gateways it has passed (see gateway.loops).
+        # Every request to a backend says which gateways it has passed (see gateway.ops.loops).
         request.headers[HOP_HEADER] = outgoing_hops()
         message = _request_bytes(request.method, request.url.raw_path, request.headers.raw, request.content)
         answer = await self.open(
@@ -630,11 +613,11 @@ class Http1Transport(httpx2.AsyncBaseTransport):
             conn.close()
         return None
 
-    async def _connect(self, origin: Origin, timeout: float) -> _Connection:
+    async def _connect(self, origin: Origin, timeout: float, waits: WaitClock) -> _Connection:
         if self.connections > self._max:  # (this request's slot counts already) drop an idle one to another origin
             self._drop_one_idle()
         with trio.move_on_after(timeout) as scope:
-            return await _waiting(self._open, origin)
+            return await _waiting(waits, self._open, origin)
         raise httpx2.ConnectTimeout("timed out connecting to the backend")
 
     async def _open(self, origin: Origin) -> _Connection:
@@ -669,7 +652,7 @@ class Http1Transport(httpx2.AsyncBaseTransport):
         if scheme != "https":
             return _Connection(origin, sock, None)
         if self._ssl is None:
-            self._ssl = httpx2.create_ssl_context()  # once: building one costs ~20 ms
+            self._ssl = httpx2.create_ssl_context()  # once: building one loads the CA bundle
         context = self._ssl
         tls = trio.SSLStream(
             trio.SocketStream(trio.socket.from_stdlib_socket(sock)), context, server_hostname=host, https_compatible=True

@@ -29,9 +29,9 @@ from ..errors import (
     BackendUnavailable,
     GatewayError,
 )
-from ..redact import Redactor, public_url
+from ..ops.redact import Redactor, public_url
 from ..streams.chunks import ChunkDecoder
-from .http1 import FixedRequest, Http1Response, Http1Transport, SentRequest
+from .http1 import FixedRequest, Http1Response, Http1Transport, SentRequest, WaitClock
 from .native import NativeRequest
 
 __all__ = [
@@ -100,10 +100,19 @@ class ChatStream:
         self._ended = False
         self._held = b""  # the rest of a large early read, decoded at the next step
         self._step = _FIRST_STEP
+        # The request's waits on the backend: the gateway's own transport adds them up as it
+        # reads; on another (httpx2's), each read is timed here.
+        waits = getattr(response.stream, "waits", None)
+        self._waits: WaitClock = waits if isinstance(waits, WaitClock) else WaitClock()
+        self._timed = not isinstance(waits, WaitClock)
 
     @property
     def saw_done(self) -> bool:
         return self._decoder.saw_done
+
+    @property
+    def waited(self) -> float:
+        return self._waits.waited
 
     def __aiter__(self) -> ChatStream:
         return self
@@ -128,6 +137,12 @@ class ChatStream:
             try:
                 if self._held:
                     data, self._held = self._held, b""
+                elif self._timed:
+                    began = trio.current_time()
+                    try:
+                        data = await self._chunks.__anext__()
+                    finally:
+                        self._waits.waited += trio.current_time() - began
                 else:
                     data = await self._chunks.__anext__()
                 if len(data) > self._step and self._step < _LAST_STEP:
@@ -290,6 +305,14 @@ class PassthroughResponse:
         self._abort = abort
         self._stopped = False
         self._reading: trio.CancelScope | None = None  # around a read, when there is no `abort`
+        waits = getattr(closing.stream, "waits", None)  # (the gateway's own transport adds them up)
+        self._waits: WaitClock = waits if isinstance(waits, WaitClock) else WaitClock()
+        self._timed = not isinstance(waits, WaitClock)
+
+    @property
+    def waited(self) -> float:
+        """Seconds the request has waited on the backend so far (connecting, sending, reading)."""
+        return self._waits.waited
 
     async def aclose(self) -> None:
         await self._closing.aclose()
@@ -322,8 +345,13 @@ class PassthroughResponse:
                 else:
                     if self._stopped:
                         raise BackendUnavailable("the relayed body was stopped")
-                    with trio.CancelScope() as self._reading:
-                        data = await self._chunks.__anext__()
+                    began = trio.current_time()
+                    try:
+                        with trio.CancelScope() as self._reading:
+                            data = await self._chunks.__anext__()
+                    finally:
+                        if self._timed:
+                            self._waits.waited += trio.current_time() - began
                     self._reading = None
                     if self._stopped:
                         raise BackendUnavailable("the relayed body was stopped")

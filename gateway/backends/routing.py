@@ -376,6 +376,10 @@ class _Replayed:
     def saw_done(self) -> bool:
         return bool(self._stream.saw_done)
 
+    @property
+    def waited(self) -> float:
+        return float(getattr(self._stream, "waited", 0.0))
+
     def __aiter__(self) -> _Replayed:
         return self
 

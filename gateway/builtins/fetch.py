@@ -1,7 +1,7 @@
 """Pages a model asks to read (`open_page`, `find_in_page`, Anthropic's `web_fetch`), fetched safely.
 
     PageFetcher.fetch   one URL, over the gateway's HTTP client: the address
-                        guard first (`gateway.addresses`: no loopback, private,
+                        guard first (`gateway.ops.addresses`: no loopback, private,
                         link-local or other non-public address unless the
                         allow-list names it), every redirect checked again, the
                         address the connection reached checked too, at most
@@ -26,7 +26,7 @@ from urllib.parse import urljoin
 import httpx2
 import trio
 
-from ..addresses import address_allowed, check_url_allowed_async
+from ..ops.addresses import address_allowed, check_url_allowed_async
 
 __all__ = ["FetchError", "Opened", "Page", "PageFetcher", "PageTools", "find"]
 

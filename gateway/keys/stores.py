@@ -19,8 +19,8 @@ import trio
 
 from ..config import ConfigError, Settings
 from ..errors import StoreUnavailable
-from ..redact import public_url
-from . import ApiKey, KeyStore
+from ..ops.redact import public_url
+from .model import ApiKey, KeyStore
 
 __all__ = ["MemoryKeys", "RedisKeys", "SQLiteKeys", "open_key_store"]
 
@@ -86,9 +86,6 @@ class MemoryKeys:
 
     async def all(self) -> list[ApiKey]:
         return sorted(self._keys.values(), key=lambda k: (k.created_at, k.name))
-
-    async def any_active(self) -> bool:
-        return any(k.active for k in self._keys.values())
 
     async def add(self, counter: str, amount: int, ttl: float) -> int:
         now = self._clock()
@@ -237,9 +234,6 @@ class SQLiteKeys:
 
     async def all(self) -> list[ApiKey]:
         return await self._run(self._all)
-
-    async def any_active(self) -> bool:
-        return any(key.active for key in await self.all())
 
     @staticmethod
     def _auth_state(conn: sqlite3.Connection) -> str | None:
@@ -432,9 +426,6 @@ class RedisKeys:
     async def all(self) -> list[ApiKey]:
         values = await self._run(self._redis.hvals, self._k("keys"))
         return sorted((ApiKey.from_json(orjson.loads(v)) for v in values), key=lambda k: (k.created_at, k.name))
-
-    async def any_active(self) -> bool:
-        return any(key.active for key in await self.all())
 
     async def auth_state(self) -> str | None:
         value = await self._run(self._redis.get, self._k("auth"))

@@ -366,6 +366,8 @@ async def run_bench(
         await _workers_scenario(bench)
     if only in ("all", "shared"):
         await _shared_service_scenario(bench, rounds=bench.rounds)
+    if only in ("all", "dispatch"):
+        await _dispatch_scenario(bench)
     if only in ("all", "disconnects"):
         await _disconnect_scenario(bench)
     if only in ("all", "heartbeats") and slow_streams > 0:
@@ -625,7 +627,7 @@ PARSER_PATHS = (PATHS[0], PATHS[2], PATHS[3])  # SSE (the hot route), WebSocket,
 class _ParsersScenario(_Scenario):
     """The gateway's own connections with their own framing (llhttp, checked as strictly as h11)
     against the same shell on h11 (`gateway.lab.h11framing`), on the SSE, WebSocket and relay
-    paths at c=50: CPU per response, interleaved round by round (README: which parser, and why)."""
+    paths at c=50: CPU per response, interleaved round by round (docs/http-server.md: which parser, and why)."""
 
     name = "parsers (llhttp against h11)"
 
@@ -1149,6 +1151,25 @@ async def _shared_service_scenario(bench: Bench, rounds: int = 3) -> None:
         )
 
 
+async def _dispatch_scenario(bench: Bench) -> None:
+    """What Quart's router costs a request, in-process (`gateway.lab.dispatch`): the route
+    table serves a row ahead of it only where this passes 0.1 ms."""
+    from .dispatch import measure
+
+    cost = await measure(requests=500 if bench.quick else 2000, rounds=bench.rounds)
+    added = Spread(cost.added)
+    bench.row(
+        f"Quart's router and request objects, a POST row in-process (median of {bench.rounds})",
+        "CPU µs added per request",
+        Spread(cost.framework).plain(0, "µs") + " (through Quart)",
+        Spread(cost.ahead).plain(0, "µs") + " (served ahead)",
+        added.plain(0, "µs", signed=True),
+        "> 100 µs: the turn rows go ahead of it",
+        "yes" if added.median > 100 else "NO",
+        figure=added,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Reproduction:
     """A row of this run against the same row of an earlier one."""
@@ -1211,7 +1232,7 @@ def idle_policy(sys_root: pathlib.Path = pathlib.Path("/sys")) -> str | None:
     A VM whose idle vCPUs halt at once (the `haltpoll` driver with
     `guest_halt_poll_ns=0`) wakes a core through the host each time, and a
     core that sat idle longer wakes slower; on one such VM that was ~0.7 ms
-    of the gateway's added first delta at c=1 (README, load lab)."""
+    of the gateway's added first delta at c=1 (docs/load-lab.md)."""
     try:
         driver = (sys_root / "devices/system/cpu/cpuidle/current_driver").read_text().strip()
     except OSError:
@@ -1258,12 +1279,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["all", "throughput", "latency", "paths", "paced", "floor", "parsers", "shared", "disconnects", "heartbeats"],
+        choices=["all", "throughput", "latency", "paths", "paced", "floor", "parsers", "shared", "dispatch", "disconnects", "heartbeats"],
         default="all",
         help="one part: latency (first text delta added at c=1), paths (every path at c=1 and c=50), "
         "paced (50 streams a token per 20 ms, with its profile), floor (a bare trio relay on the paced load), "
         "throughput (those four), parsers (the gateway's own framing against h11's, on SSE, WebSocket and the relay), "
-        "shared (the cost of keys, limits and metrics), disconnects (how soon a client that "
+        "shared (the cost of keys, limits and metrics), dispatch (what Quart's router costs a request), "
+        "disconnects (how soon a client that "
         "leaves is let go, on each transport), heartbeats",
     )
 

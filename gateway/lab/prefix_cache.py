@@ -19,7 +19,7 @@ so from a checkout) with the block's suffix as Claude Code 2.1.332 was seen
 to change it in one session (`.a18`, then `.bf1` twice), each answer cut to
 16 tokens: what a prefix cache saves when the suffix changes.
 
-A measurement, not a test: the figures go in the README (issue 41).
+A measurement, not a test: the figures go in docs/load-lab.md.
 """
 
 from __future__ import annotations

@@ -252,15 +252,6 @@ class MCPManager:
         while not predicate():
             await self._changed.wait()
 
-    async def wait_ready(self, names: Iterable[str] | None = None) -> None:
-        """Return once the named servers (default: all) are ready.
-
-        Raises:
-            KeyError: a name is not configured.
-        """
-        servers = [self._servers[name] for name in names] if names is not None else list(self._servers.values())
-        await self.wait_for(lambda: all(server.state == "ready" for server in servers))
-
     async def wait_settled(self) -> None:
         """Return once every server has either become ready or failed at least once."""
         await self.wait_for(lambda: all(server.settled for server in self._servers.values()))

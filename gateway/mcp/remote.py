@@ -25,9 +25,16 @@ from typing import Any
 import trio
 from mcp.client._transport import TransportStreams
 
-from .. import addresses as addresses_module
 from ..errors import GatewayError
-from ._connection import Connection, MCPResult, MCPTool, assign_tool_names, describe_error, open_transport
+from ..ops import addresses as addresses_module
+from ._connection import (
+    Connection,
+    MCPResult,
+    MCPTool,
+    assign_tool_names,
+    describe_error,
+    open_transport,
+)
 from .config import ServerConfig, ServerType
 
 __all__ = [
@@ -171,7 +178,7 @@ async def _run_contained(
 
 
 def check_url_allowed(url: str, allow: Sequence[str], *, addresses: Iterable[str] = ()) -> None:
-    """`gateway.addresses.check_url_allowed` for an MCP server's URL.
+    """`gateway.ops.addresses.check_url_allowed` for an MCP server's URL.
 
     Raises:
         ValueError: saying why the URL is refused.
@@ -180,7 +187,7 @@ def check_url_allowed(url: str, allow: Sequence[str], *, addresses: Iterable[str
 
 
 async def check_url_allowed_async(url: str, allow: Sequence[str]) -> None:
-    """`gateway.addresses.check_url_allowed_async` for an MCP server's URL.
+    """`gateway.ops.addresses.check_url_allowed_async` for an MCP server's URL.
 
     Raises:
         ValueError: the URL is refused, or its host does not resolve.

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..config import Settings
     from .outcome import TurnOutcome
 
-__all__ = ["Telemetries", "Telemetry", "build_telemetry", "metrics_page", "route_of"]
+__all__ = ["Telemetries", "Telemetry", "build_telemetry", "metrics_page"]
 
 log = logging.getLogger("gateway.observe")
 
@@ -165,37 +165,6 @@ class Telemetries(Telemetry):
     async def aclose(self) -> None:
         for part in self.parts:
             await part.aclose()
-
-
-def route_of(method: str, path: str) -> str:
-    """The route template of a path, for labels (bounded: ids and passthrough paths are folded)."""
-    parts = [p for p in path.split("/") if p]
-    if parts and parts[0] == "v1":
-        parts = parts[1:]
-        prefix = "/v1"
-    else:
-        prefix = ""
-    if not parts:
-        return prefix + "/" if prefix else "/"
-    head = parts[0]
-    if head == "responses":
-        if len(parts) == 1:
-            return f"{prefix}/responses"
-        if len(parts) == 2:
-            return f"{prefix}/responses/compact" if parts[1] == "compact" else f"{prefix}/responses/{{id}}"
-        return f"{prefix}/responses/{{id}}/{parts[2]}" if parts[2] in ("cancel", "input_items", "submit_tool_outputs") else "other"
-    if head == "chat" and parts[1:] == ["completions"]:
-        return f"{prefix}/chat/completions"
-    if head == "messages" and parts[1:] in ([], ["count_tokens"]):
-        return prefix + "/" + "/".join(parts)
-    if head == "conversations":
-        template = ["conversations", "{id}", "items", "{item_id}"][: len(parts)]
-        return prefix + "/" + "/".join(template) if len(parts) <= 4 and parts[2:3] in ([], ["items"]) else "other"
-    if head == "models":
-        return f"{prefix}/models" if len(parts) == 1 else f"{prefix}/models/{{id}}"
-    if not prefix and head in ("health", "ready", "metrics"):
-        return "/" + head
-    return "/v1/{passthrough}" if prefix else "other"
 
 
 def build_telemetry(settings: Settings) -> Telemetry:

@@ -34,6 +34,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics import MetricWrapperBase
 
 from . import Telemetry
+from .outcome import ANONYMOUS_KEY
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -44,7 +45,6 @@ __all__ = ["OTHER", "PrometheusTelemetry", "shared_across_workers"]
 log = logging.getLogger("gateway.observe")
 
 OTHER = "other"  # the label value of whatever is past a cap
-_ANONYMOUS = "anonymous"  # the key label of requests without an API key
 
 # Seconds, from a cached first token to a long generation with tool rounds.
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
@@ -357,7 +357,7 @@ class PrometheusTelemetry(Telemetry):
     # --- bounded labels ------------------------------------------------------------------
 
     def _key(self, name: str | None) -> str:
-        return _ANONYMOUS if name is None else self._keys(name)
+        return ANONYMOUS_KEY if name is None else self._keys(name)
 
     def _model(self, outcome: TurnOutcome) -> str:
         """The model's label: a name becomes one once a response of it produced a token.

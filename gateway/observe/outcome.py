@@ -15,7 +15,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TERMINAL_STATUSES", "TurnOutcome", "log_outcome"]
+__all__ = ["ANONYMOUS_KEY", "TERMINAL_STATUSES", "TurnOutcome", "log_outcome"]
+
+ANONYMOUS_KEY = "anonymous"  # who a request without an API key is, in the log line and the metrics
 
 log = logging.getLogger("gateway")
 
@@ -70,7 +72,7 @@ class TurnOutcome:
 def log_outcome(outcome: TurnOutcome, now: float) -> None:
     """The one line per response at INFO (no prompt text); its fields are the JSON log's keys."""
     if not log.isEnabledFor(logging.INFO):
-        return  # (not even built: a relayed chat completion's whole cost is a few hundred microseconds)
+        return  # (not even built: next to a relayed chat completion's small cost, building it shows)
     end = outcome.finished_at if outcome.finished_at is not None else now
 
     def ms(at: float | None) -> float | None:
@@ -80,7 +82,7 @@ def log_outcome(outcome: TurnOutcome, now: float) -> None:
     fields: dict[str, Any] = {
         "response_id": outcome.response_id,
         "request_id": outcome.request_id,
-        "key": outcome.key,
+        "key": outcome.key or ANONYMOUS_KEY,  # (as the metrics' `key` label says it)
         "model": outcome.model,
         "transport": outcome.transport,
         "status": outcome.final_status,
@@ -98,6 +100,6 @@ def log_outcome(outcome: TurnOutcome, now: float) -> None:
     text = " ".join(
         f"{name}={'-' if value is None else value}"
         for name, value in fields.items()
-        if name not in ("response_id", "client_left") and (value is not None or name in ("first_event_ms", "key"))
+        if name not in ("response_id", "client_left") and (value is not None or name == "first_event_ms")
     )
     log.info("%s %s%s", outcome.response_id, text, " client_left" if outcome.client_left else "", extra={"fields": fields})

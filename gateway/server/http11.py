@@ -57,8 +57,7 @@ import orjson
 import trio
 
 from ..errors import is_failure
-from . import ext
-from . import h1
+from . import ext, h1
 from .h1 import END, InvalidResponse, Refusal, Request, ResponseFramer
 from .hangups import Hangups
 from .websocket import WebSocketExchange, asks_for_websocket
@@ -76,6 +75,8 @@ _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _LINGER = 2.0  # seconds a closed connection waits for its client's end (reading what it still sends)
 _LINGER_BYTES = 1 << 20
 _SEND_ERROR_WITHIN = 1.0  # seconds; a 400/408/431 is a courtesy to a client that is already at fault
+_DROP_BYTES = 1 << 16  # of a body the app did not read, dropped to keep the connection (past it: closed)
+_DROP_WITHIN = 1.0  # seconds that body may take to arrive
 _RESET = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # SO_LINGER on, 0 s: close() sends a reset
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _ASGI = {"spec_version": "2.1", "version": "3.0"}
@@ -202,6 +203,8 @@ class _Connection:
             exchange = self.exchange = _Exchange(self, request)
             try:
                 await self._run(exchange)
+                if exchange.unread() and not self.write_over and not self.read_over:
+                    await self._drop_unread(exchange)
             finally:
                 self.exchange = None
                 self._unwatch()
@@ -275,6 +278,20 @@ class _Connection:
                 # Its status line and headers at least (they wait for the body's first bytes).
                 with trio.move_on_after(_SEND_ERROR_WITHIN):
                     await self.write_now(exchange.head)
+
+    async def _drop_unread(self, exchange: _Exchange) -> None:
+        """The rest of a body the app answered without reading (a GET that carried one), read
+        and dropped, bounded in size and time, so that the connection carries the next request
+        as the response said it would; past the bounds it closes."""
+        dropped = 0
+        with trio.move_on_after(_DROP_WITHIN):
+            while True:
+                exchange.take_events()
+                dropped += sum(len(part) for part in exchange.body)
+                exchange.body.clear()
+                if exchange.request_complete or exchange.refused is not None or self.read_over or dropped > _DROP_BYTES:
+                    return
+                await self.read_more()
 
     async def _switch(self, request: Request) -> None:
         """A request to switch protocols: a WebSocket served here, anything else handed on."""
@@ -559,6 +576,10 @@ class _Exchange:
         if self.connection.server.hangups is not None:
             extensions[ext.DISCONNECT] = {"watch": self.watch_leaving}
         return extensions
+
+    def unread(self) -> bool:
+        """Answered whole, to be kept alive, while the request's body has not all arrived."""
+        return self.keep_alive and self.complete and not self.request_complete and not self.left and self.refused is None
 
     def reusable(self) -> bool:
         """The connection may carry another request after this one."""

@@ -272,14 +272,12 @@ def _startup_failure_said_once(app: Any) -> Iterator[None]:
 
 # The collector's thresholds once the gateway serves.  With thousands of open
 # streams the heap holds millions of live objects, and every collection stops
-# every stream.  A full collection walked them all (at 5,000 slow streams, 31
-# of about a second each took half the process's CPU): the oldest generation
-# is now looked at only after 2,000 middle ones (~120 M allocations, and then
-# only if it grew by a quarter).  The younger ones stay small, because a
-# stream's objects live until it ends and all survive: a middle collection
-# of up to 20,000 x 3 young objects pauses ~70 ms at 10,000 streams, where
-# 50,000 x 20 paused ~0.5 s (the longest silence at 10,000 streams and 2 s
-# heartbeats went 2.65 s -> 2.24 s).
+# every stream: a full collection walks them all, so the oldest generation is
+# looked at only after 2,000 middle ones (and then only if it grew by a
+# quarter).  The younger ones stay small, because a stream's objects live
+# until it ends and all survive: a middle collection's pause grows with what
+# the young generations let through.  (The pauses and silences these were
+# chosen by: `gateway bench --only heartbeats`, docs/load-lab.md.)
 GC_THRESHOLDS = (20_000, 3, 2_000)
 
 

@@ -1,9 +1,9 @@
 """WebSockets on the gateway's own HTTP/1.1 server: the handshake, the frames and the ASGI websocket scope.
 
 Under hypercorn a WebSocket message goes through its stream object, wsproto's
-serialiser and the connection's send path: on the 2-core test VM about
-8 µs of CPU per message, which a streamed turn pays for every event (a
-WebSocket turn cost 1.5× its SSE stream).  A plain connection whose request
+serialiser and the connection's send path, which a streamed turn pays for
+every event (what it cost against an SSE stream: the load lab's WebSocket
+row, docs/load-lab.md).  A plain connection whose request
 asks for a WebSocket (`GET`, `Upgrade: websocket`, version 13, a key) is
 served here instead, in the connection's own task:
 

@@ -40,7 +40,7 @@ def store_location(settings: Settings) -> str:
     """Where the settings keep stored responses, for log lines (no password)."""
     import os
 
-    from ..redact import public_url
+    from ..ops.redact import public_url
 
     if settings.store_backend == "memory":
         return "memory (this process only)"

@@ -86,8 +86,8 @@ class StoredResponse:
 
 
 def encode_record(record: StoredResponse) -> bytes:
-    """The record as JSON, compressed with zstd (level 1: ~10 µs for a 200-event record of
-    ~40 KB, which it makes ~50 times smaller, so stores write a few KiB instead)."""
+    """The record as JSON, compressed with zstd at its fastest level (an event log repeats
+    itself, so a long record shrinks to a small fraction, and stores write that instead)."""
     return _zstd().compress(orjson.dumps(
         {
             "id": record.id,

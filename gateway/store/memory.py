@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 from .base import (
     Change,

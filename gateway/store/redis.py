@@ -78,7 +78,7 @@ class RedisStore:
             return None
         return (
             "Redis does not keep an append-only file (appendonly no): a Redis restart loses the responses "
-            "stored since its last snapshot. Run redis-server with --appendonly yes (see README, Conversation state)."
+            "stored since its last snapshot. Run redis-server with --appendonly yes (see docs/conversation-state.md)."
         )
 
     async def save(self, record: StoredResponse) -> None:

@@ -3,9 +3,8 @@ worker processes on one machine (WAL journal, busy timeout, one transaction
 per record).
 
 Each call first runs on the event loop's own thread, on a connection that
-never waits for a lock (`SQLiteFile`): a record is a compressed blob of a
-few KiB, written in tens of µs, where a hop to a worker thread and back
-would cost several times as much.  Only when another process (a worker of
+never waits for a lock (`SQLiteFile`): a record is a small compressed blob,
+written faster than a hop to a worker thread and back would take.  Only when another process (a worker of
 the same machine) holds the write lock does the call wait for it, in a
 worker thread on a second connection.  The WAL is checkpointed from that
 thread too, so the loop never waits for a checkpoint's disk writes.
@@ -27,8 +26,8 @@ New files are created with `auto_vacuum=INCREMENTAL`.  A file an earlier
 version created has none, and only a `VACUUM` can switch it: a rewrite of
 the whole file, holding the write lock throughout and needing as much free
 disk again.  It is done at start-up, before anything is served, when the
-file's live data is at most `_VACUUM_AT_START_UP` bytes (126 MiB were
-rewritten in 0.7 s on an SSD: start-up waits a second or two at most).  A
+file's live data is at most `_VACUUM_AT_START_UP` bytes (so that start-up
+waits a second or two at most on an SSD).  A
 larger file is left as it is, with a warning: its expired records are still
 swept and their pages reused, so it stops growing; a later start-up
 converts it once sweeps have brought its live data under the limit (or run
@@ -72,8 +71,8 @@ __all__ = ["PassBatches", "SQLiteStore"]
 log = logging.getLogger("gateway.store")
 
 _SWEEP_EVERY = 60.0  # seconds between two sweeps of expired records
-_SWEEP_BATCH = 200  # records deleted per transaction: the write lock is held ~5 ms (4 KiB records), ~15 ms (13 KiB)
-_VACUUM_STEP = 1024  # pages given back to the file system per transaction (~10 ms of write lock)
+_SWEEP_BATCH = 200  # records deleted per transaction: the write lock is held milliseconds, not the whole sweep
+_VACUUM_STEP = 1024  # pages given back to the file system per transaction (a short hold of the write lock)
 _VACUUM_AT_START_UP = 256 * 1024 * 1024  # the largest live data rewritten at start-up (module docstring)
 _CHECKPOINT_WAIT_MS = 200  # how long a truncating checkpoint may hold up writers waiting for readers
 _WAL_KEPT = 4 * 1024 * 1024  # bytes of WAL file kept after a checkpoint resets it (journal_size_limit)
@@ -189,8 +188,8 @@ class PassBatches(Generic[T]):
     """Writes asked for in the same pass of the event loop, made in one transaction.
 
     The first call of a pass yields once, so that the others ready to write
-    join it, then has `write_batch` make them all: a commit costs tens of µs
-    of page writes however many rows it carries.  Each caller returns only
+    join it, then has `write_batch` make them all: a commit's page writes cost
+    about the same however many rows it carries.  Each caller returns only
     once its own write is committed, or raises (`failed(error)` for every
     write of a failed batch; the caller that ran it gets the error as it
     happened).  Shielded: a batch carries other callers' writes.

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import anthropic_error_body
-from .chat_session import ChatSession
+from .chat import ChatSession
 from .translator import RoundCall, chunk_usage
 
 __all__ = ["MessageCollector", "MessagesEvents", "MessagesSession", "STOP_REASONS", "collect_message"]

@@ -437,7 +437,6 @@ class _CallKind:
     opened: Callable[[_Call], dict[str, Any]]
     closing: Callable[[_Call, str], list[tuple[str, dict[str, Any]]]]
     done: Callable[[_Call, str, str], dict[str, Any]] | None
-    runs_in_gateway: bool = False
     needs_approval: bool = False
 
     def item(self, call: _Call, fields: dict[str, Any]) -> dict[str, Any]:
@@ -476,7 +475,6 @@ MCP_CALL = _CallKind(
     opened=lambda c: {"server_label": c.server, "name": c.name, "arguments": "", "output": None, "error": None, "status": "in_progress"},
     closing=lambda c, a: [("response.mcp_call_arguments.done", {"arguments": a}), ("response.mcp_call.in_progress", {})],
     done=None,
-    runs_in_gateway=True,
 )
 WEB_SEARCH_CALL = _CallKind(  # the gateway's web search (`gateway.builtins`): searched, then completed
     "web_search_call",
@@ -485,7 +483,6 @@ WEB_SEARCH_CALL = _CallKind(  # the gateway's web search (`gateway.builtins`): s
     opened=lambda c: {"status": "in_progress", "action": {"type": c.name if c.name in ("open_page", "find_in_page") else "search"}},
     closing=lambda c, a: [("response.web_search_call.in_progress", {}), ("response.web_search_call.searching", {})],
     done=None,
-    runs_in_gateway=True,
 )
 MCP_APPROVAL_REQUEST = _CallKind(
     "mcp_approval_request",
@@ -494,7 +491,6 @@ MCP_APPROVAL_REQUEST = _CallKind(
     opened=lambda c: {"server_label": c.server, "name": c.name, "arguments": ""},
     closing=lambda c, a: [],
     done=lambda c, a, status: {"server_label": c.server, "name": c.name, "arguments": a},
-    runs_in_gateway=True,
     needs_approval=True,
 )
 
@@ -697,12 +693,6 @@ class ResponseTranslator:
             "delta": text,
             "logprobs": [],
         }
-
-    def feed_all(self, chunks: Iterable[Any]) -> list[Event]:
-        events: list[Event] = []
-        for chunk in chunks:
-            events += self.feed(chunk)
-        return events
 
     def finish(self, *, incomplete_reason: str | None = None) -> list[Event]:
         """The backend's stream is over ([DONE], or ended after a finish_reason).

@@ -14,7 +14,7 @@ it decides its status and headers, then yields its writes.
     asgi.py         a body written on ASGI, and the bridge to Quart's responses
 
 Transports turn event batches into bytes; they decide nothing about the
-protocol.  The routes (`gateway.app`, `gateway.responses`) wire a transport
+protocol.  The routes (`gateway.app`, `gateway.api.responses`) wire a transport
 to a turn.
 """
 

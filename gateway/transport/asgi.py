@@ -21,7 +21,7 @@ from typing import Any
 from quart import Response
 from quart_trio.asgi import TrioASGIHTTPConnection
 
-from .sse import DeferredHeadBody
+from .body import DeferredHeadBody
 from .leaving import watch_for
 
 __all__ = ["BodyConnection", "as_response", "send_body", "stream"]

@@ -220,7 +220,7 @@ class BackgroundRunner:
             self._jobs.pop(job.id, None)
             job.finished.set()
             job._changed.set()
-            turn.observe()
+            turn.finish()
 
     async def _store_end(self, job: BackgroundJob, record: StoredResponse) -> list[dict[str, Any]] | None:
         """Store the job's end (compare-and-set: the first end stands).

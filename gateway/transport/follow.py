@@ -20,7 +20,8 @@ import trio
 from ..store import StoredResponse
 from ..streams.sse import encode_done, encode_event
 from .background import TERMINAL, BackgroundJob
-from .sse import SSE_HEADERS, DeferredHeadBody
+from .body import DeferredHeadBody
+from .sse import SSE_HEADERS
 
 __all__ = ["STORE_POLL", "EventReplay", "follow_job", "follow_store", "replay"]
 

@@ -1,6 +1,7 @@
 """JSON answers: a body whose status and bytes are known once something has run to its end.
 
-    JsonBody       a JSON answer already decided (an object, or an error)
+    JsonBody       a JSON answer already decided (an object, or an error);
+                   `FixedBody` any other answer already decided
     JsonAnswer     one decided by awaiting a producer (a turn run to its end)
                    before the head is sent
     run_to_end     a Responses turn without streaming: its final response, or
@@ -11,8 +12,8 @@
                    is the one sent)
 
 Both are `DeferredHeadBody`s, written by `asgi.send_body` however they are
-served (the Responses route, or a Quart route).  Errors become bytes in
-`gateway.render`; nothing here decides the protocol.
+served (ahead of the framework, or through it).  Errors become bytes in
+`gateway.transport.render`; nothing here decides the protocol.
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ import orjson
 import trio
 
 from ..errors import BackendStreamError, GatewayError
-from ..render import Dialect, answer
-from ..streams.chat_session import collect_chat_completion
+from ..streams.chat import collect_chat_completion
 from ..streams.messages import collect_message
 from ..turn import Resources, Turn
+from ..turn.base import Delivery
 from ..turn.chat import ChatTurn
 from ..turn.compact import compact
-from .sse import DeferredHeadBody
+from .body import DeferredHeadBody
+from .render import Dialect, answer
 
-__all__ = ["JsonAnswer", "JsonBody", "chat_answer", "compaction_answer", "messages_answer", "run_to_end", "turn_answer"]
+__all__ = ["FixedBody", "JsonAnswer", "JsonBody", "chat_answer", "compaction_answer", "messages_answer", "run_to_end", "turn_answer"]
 
 Answer = tuple[int, bytes, dict[str, str]]
 _JSON = {"content-type": "application/json"}
@@ -57,16 +59,23 @@ class JsonAnswer(DeferredHeadBody):
             yield self._body
 
 
-class JsonBody(JsonAnswer):
-    """A JSON answer already decided: an object or bytes (`status`, 200 by default)."""
+class FixedBody(JsonAnswer):
+    """An answer already decided: its bytes, status and content type."""
 
-    def __init__(self, value: Any, status: int = 200) -> None:
-        decided: Answer = (status, value if isinstance(value, bytes) else orjson.dumps(value), _JSON)
+    def __init__(self, data: bytes, status: int = 200, content_type: str = "application/json") -> None:
+        decided: Answer = (status, data, _JSON if content_type == "application/json" else {"content-type": content_type})
 
         async def produce() -> Answer:
             return decided
 
         super().__init__(produce)
+
+
+class JsonBody(FixedBody):
+    """A JSON answer already decided: an object or bytes (`status`, 200 by default)."""
+
+    def __init__(self, value: Any, status: int = 200) -> None:
+        super().__init__(value if isinstance(value, bytes) else orjson.dumps(value), status)
 
 
 async def run_to_end(turn: Turn) -> dict[str, Any]:
@@ -83,13 +92,10 @@ async def run_to_end(turn: Turn) -> dict[str, Any]:
     try:
         await turn.run(ignore)
     except trio.Cancelled:
-        turn.outcome.client_left = True
-        turn.observe()
+        turn.finish(Delivery(client_left=True))
         raise
     error = turn.rejection or turn.error_for_json()
-    if error is not None:
-        turn.outcome.http_status = error.status
-    turn.observe()
+    turn.finish(Delivery(status=error.status if error is not None else None))
     if error is not None:
         raise error
     return turn.response
@@ -153,15 +159,14 @@ def _chat_shaped_answer(
         try:
             await turn.run(collect)
         except trio.Cancelled:
-            turn.observe()
+            turn.finish()  # (the turn said its client left)
             raise
         folded = fold(output)
         if isinstance(folded, GatewayError):
             answered = answer(turn.failure or folded, where, dialect=dialect, request_id=request_id)
         else:
             answered = 200, orjson.dumps(folded), _JSON
-        turn.outcome.http_status = answered[0]
-        turn.observe()
+        turn.finish(Delivery(status=answered[0]))
         return answered
 
     return JsonAnswer(produce)

@@ -14,9 +14,9 @@ the last whole event.  A drain that runs out of time stops it the same way
 A backend that is ahead (an event stream whose read took at least
 `GATHER_AFTER` bytes: several events were waiting) is read again only
 `GATHER` later (counted as the backend's wait, as a read's), so that what
-it sends meanwhile goes out in the same write: at c=50 on a bursting
-backend the relay's reads and writes per answer fall by a quarter, and its
-client's reads with them.  A stream read as it is written (a model's
+it sends meanwhile goes out in the same write: on a bursting backend the
+relay makes fewer reads and writes per answer, and its client fewer reads
+(the load lab's relay row).  A stream read as it is written (a model's
 tokens, one event per read) is never held; the first event never waits;
 a body that is not an event stream is read as fast as it comes.
 
@@ -31,21 +31,22 @@ from __future__ import annotations
 
 import logging
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import trio
 
-from ..backends import BACKEND_WAIT, PassthroughBackend
-from ..drain import Drain
+from ..backends import PassthroughBackend
 from ..errors import BackendTimeout, GatewayError, ShuttingDown, error_json
-from ..render import answer
+from ..ops.drain import Drain
 from ..streams.sse import encode_done
 from ..streams.usage import UsageMeter
+from ..turn import Resources
 from ..turn.relay import Relay
+from .body import DeferredHeadBody
 from .heartbeats import Heartbeats, Ticket
-from .sse import DeferredHeadBody
+from .render import answer
 
-__all__ = ["GATHER", "GATHER_AFTER", "PassthroughBody"]
+__all__ = ["GATHER", "GATHER_AFTER", "PassthroughBody", "passthrough"]
 
 log = logging.getLogger("gateway")
 
@@ -79,15 +80,13 @@ class PassthroughBody(DeferredHeadBody):
         self._ending = b""  # what an event stream needs before a last event (a blank line)
         self._data_timeout: float | None = None
         self._data_at = 0.0  # when data last came
-        self._counting: Any = None  # while the body is read, the task's backend waits count to its outcome
+        self._counted = False  # the backend's waits are in the outcome
         self._gather_until = 0.0  # the next read waits until then (the backend is ahead)
 
     async def __aenter__(self) -> PassthroughBody:
         if self._drain is not None:
             self._drain.track(self)
         relay = self._relay
-        # Until __aexit__ (in this same task), the task's waits on the backend count to the outcome.
-        self._counting = BACKEND_WAIT.set(relay.outcome)
         cm = self._backend.open_passthrough(relay.method, relay.path, relay.query, relay.headers, relay.body)
         try:
             with trio.CancelScope() as self._opening:
@@ -219,9 +218,13 @@ class PassthroughBody(DeferredHeadBody):
         return self._ending + b"data: " + error_json(ending) + b"\n\n" + encode_done()
 
     def _stop_counting(self) -> None:
-        if self._counting is not None:
-            BACKEND_WAIT.reset(self._counting)
-            self._counting = None
+        """The backend's waits (as its answer counted them) go to the outcome, once."""
+        if self._counted:
+            return
+        self._counted = True
+        outcome = self._relay.outcome
+        if outcome is not None and self._upstream is not None:
+            outcome.waited += getattr(self._upstream, "waited", 0.0)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -243,3 +246,8 @@ class PassthroughBody(DeferredHeadBody):
                 failed=self._failed,
                 client_left=client_left,
             )
+
+
+def passthrough(resources: Resources, relay: Relay, heartbeats: Heartbeats) -> PassthroughBody:
+    """The body that relays `relay` to the request's backend (every relaying route's one way to build it)."""
+    return PassthroughBody(cast(PassthroughBackend, resources.backend), relay, heartbeats=heartbeats, drain=resources.drain)

@@ -21,25 +21,30 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
-from types import TracebackType
 from typing import Any
 
 import orjson
 import trio
 
-from ..render import Dialect, answer
 from ..observe import Telemetry
-from ..streams.sse import OBFUSCATED, encode_comment, encode_done, encode_event, obfuscated
+from ..streams.sse import (
+    OBFUSCATED,
+    encode_comment,
+    encode_done,
+    encode_event,
+    obfuscated,
+)
 from ..turn import Turn
+from ..turn.base import Delivery
 from ..turn.chat import ChatTurn
+from .body import DeferredHeadBody, Write
 from .heartbeats import Heartbeats, Ticket
 from .leaving import Watch
+from .render import Dialect, answer
 
 __all__ = [
     "SSE_HEADERS",
     "ChatEventStream",
-    "DeferredHeadBody",
     "EventChannelBody",
     "MessagesEventStream",
     "TurnEventStream",
@@ -59,56 +64,6 @@ SSE_HEADERS = {
 # error status it gives by then (unknown model, context too long) is passed
 # on as that status; later, the stream is committed.
 _MAX_HEAD_WAIT = 1.0
-
-
-# The HTTP layer's send loop over a body (`head()`, the status line, every write, the end).
-Write = Callable[["DeferredHeadBody"], Awaitable[None]]
-
-
-class DeferredHeadBody:
-    """A response body that decides its status and headers after starting: every transport's body.
-
-    The HTTP layer has the body run its send loop (`serve`), which awaits
-    `head()` and only then sends the status line, then every write it
-    iterates: the body may first wait (bounded) for its upstream's answer,
-    or run a turn to its end.  Set up and torn down around the send loop by
-    `async with`, unless the body serves otherwise.
-    """
-
-    stalled = False  # the client stopped reading: the connection is dropped, unfinished
-    # The bytes the iteration just gave are its last: they go with the response's end, in one
-    # write (a body that cannot tell leaves it False, and its end goes on its own).
-    finished = False
-
-    async def serve(self, write: Write, watch: Watch | None = None) -> None:
-        """Run the send loop `write(self)`; with `watch`, all of it ends at once when the client leaves."""
-        if watch is None:
-            async with self:
-                await write(self)
-            return
-        async with trio.open_nursery() as nursery:  # owned here: the disconnect watch beside the send loop
-            forget = watch(nursery)
-            try:
-                async with self:
-                    await write(self)
-            finally:
-                if forget is not None:
-                    forget()
-            nursery.cancel_scope.cancel()
-
-    async def __aenter__(self) -> DeferredHeadBody:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        pass
-
-    async def head(self) -> tuple[int, dict[str, str]]:
-        raise NotImplementedError
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        raise NotImplementedError
 
 
 class EventChannelBody(DeferredHeadBody):
@@ -291,6 +246,7 @@ class TurnStream(EventChannelBody):
         self.turn = turn
         self._request_id = request_id
         self._json_error: bytes | None = None
+        self._status: int | None = None  # a refusal answered as JSON, instead of the stream
 
     async def serve(self, write: Write, watch: Watch | None = None) -> None:
         self.turn.begin()  # the backend starts on the request while the stream sets up
@@ -307,7 +263,7 @@ class TurnStream(EventChannelBody):
         rejection = self.turn.rejection
         if rejection is not None:
             status, self._json_error, headers = answer(rejection, dialect=self.dialect, request_id=self._request_id)
-            self.turn.outcome.http_status = status
+            self._status = status
             return status, headers
         return 200, dict(SSE_HEADERS)
 
@@ -320,12 +276,15 @@ class TurnStream(EventChannelBody):
         return await super().__anext__()
 
     def closed(self) -> None:
-        outcome = self.turn.outcome
-        outcome.client_left = outcome.client_left or self.client_left
-        if self.first_write_at is not None:
-            outcome.first_event_at = self.first_write_at
-            outcome.finished_at = trio.current_time()  # a stream lasts until its last write went out
-        self.turn.observe()
+        written = self.first_write_at is not None  # a stream lasts until its last write went out
+        self.turn.finish(
+            Delivery(
+                client_left=self.client_left,
+                first_event_at=self.first_write_at,
+                finished_at=trio.current_time() if written else None,
+                status=self._status,
+            )
+        )
 
 
 class TurnEventStream(TurnStream):

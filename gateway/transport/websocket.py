@@ -19,18 +19,19 @@ leaves, so that a turn in progress is cancelled and its backend call closed.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-
-import contextlib
 
 import trio
 
 from ..errors import GatewayError, InvalidRequest
-from ..intake import RequestContext, ws_create_request
-from ..render import ws_error
 from ..streams.sse import event_json
 from ..turn import Resources, prepare_turn
+from ..turn.base import Delivery
+from ..turn.context import RequestContext
+from ..wire.requests import ws_create_request
+from .render import ws_error
 
 __all__ = ["serve_asgi_websocket", "serve_websocket"]
 
@@ -147,14 +148,12 @@ async def _turn(
             latest.pop(previous, None)  # a failed continuation forgets the id
         await send([ws_error(error)])
         return
-    turn.outcome.http_status = None  # a turn on a socket has no status line of its own
+    left = True  # until the turn ran to its end: the client went away mid-turn
     try:
         await turn.run(send)
-    except trio.Cancelled:  # the client went away mid-turn
-        turn.outcome.client_left = True
-        raise
+        left = False
     finally:
-        turn.observe()
+        turn.finish(Delivery(client_left=left, socket=True))  # (a turn on a socket has no status line of its own)
     final = turn.response
     if final.get("status") == "failed" and isinstance(previous, str):
         latest.pop(previous, None)

@@ -18,19 +18,20 @@ its bytes and reports the same outcome.  Nothing here knows HTTP or bytes.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
 
 from ..errors import BackendStreamError, GatewayError, InternalError, ShuttingDown
-from ..intake import RequestContext
 from ..keys import Caller, StreamSlot, token_reservation
 from ..observe.outcome import TurnOutcome
-from ..streams.chat_session import ChatSession
-from ..backends import ChatOpening
-from .engine import Emit, Resources, Session, begin_round, failed_with, report_outcome, run_rounds
+from ..streams.chat import ChatSession
+from .context import RequestContext
+from .base import TurnBase
+from .engine import Resources
+from .rounds import Emit, Session, failed_with, run_rounds
 from .tools import RequestTools, offer_configured, offers_gateway_tools
 
 __all__ = ["Admitted", "ChatShaped", "ChatTurn", "admit_chat", "prepare_chat"]
@@ -141,52 +142,27 @@ class ChatShaped(Session, Protocol):
     def answer(self) -> Any: ...  # the answer as it is made, when kept (`MessageCollector`), or None
 
 
-class ChatTurn:
+class ChatTurn(TurnBase):
     """One chat-shaped turn being produced (see the module docstring): a chat completion, or an
     Anthropic message (`session` decides what the client sees)."""
 
+    session: ChatShaped
+
     def __init__(self, resources: Resources, session: ChatShaped, admitted: Admitted, *, relayed: bool, streamed: bool) -> None:
-        self.resources = resources
+        super().__init__(resources, admitted.caller, admitted.slot, admitted.outcome)
         self.body = admitted.body
         self.tools = admitted.tools
-        self.caller = admitted.caller
-        self.outcome = admitted.outcome
-        self.slot = admitted.slot
         self.relayed = relayed
         self.streamed = streamed
         self.session = session
-        self.failure: GatewayError | None = None  # what failed it, when a gateway error did
-        # The model produced something, or the turn failed before it did (`rejection`): until
-        # then a transport may still answer with an HTTP error rather than a stream.
-        self.answered = trio.Event()
-        self.rejection: GatewayError | None = None
-        self._opening: ChatOpening | None = None  # the first round's request, when `begin` began it
-        self._begun = False
         # Keeps the complete answer before its last events go out (a message thread), else lets go.
         self.threading: Keeper | None = None
 
-    def begin(self) -> None:
-        """Have the backend start on the first round's request now (as `Turn.begin`, once: its
-        tools were offered when it was admitted); the first round takes it up, or `abandon`
-        lets it go."""
-        if not self._begun:
-            self._begun = True
-            self._opening = begin_round(self.resources, self.session)
-
-    def abandon(self) -> None:
-        """Let go of a request `begin` began that no round took (nothing otherwise)."""
-        opening, self._opening = self._opening, None
-        if opening is not None:
-            opening.close()
-
-    async def run(self, emit: Emit) -> None:
-        """Produce the turn, each batch of the session's output to `emit`; the last is its end (a
-        finish, or one error).  Never raises but for cancellation (the client left, shutdown)."""
+    async def _produce(self, emit: Emit) -> None:
         resources = self.resources
         settings = resources.settings
         session = self.session
         outcome = self.outcome
-        resources.telemetry.turn_started(outcome)
 
         async def timed(chunks: list[dict[str, Any]]) -> None:
             if chunks:
@@ -198,43 +174,35 @@ class ChatTurn:
                     await self._keep()
                 await emit(chunks)
 
-        with resources.telemetry.span("turn", model=outcome.model, transport=outcome.transport):
-            try:
-                self.begin()  # (unless its transport did, before setting up)
-                await timed(session.start())
-                with resources.drain.stoppable() as stop:  # a drain out of time ends the turn here
-                    self.failure = await run_rounds(
-                        session,
-                        resources.backend,
-                        timed,
-                        self.tools,
-                        call_timeout=settings.mcp_call_timeout,
-                        concurrency=settings.mcp_call_concurrency,
-                        telemetry=resources.telemetry,
-                        admit_round=self._admit_round,
-                        outcome=outcome,
-                        on_answer=self._on_answer,
-                        opening=self._opening,
-                    )
-                if stop.cancelled_caught and not session.done:
-                    self.failure = ShuttingDown.stopped()
-                    await timed(failed_with(session, self.failure))
-            except trio.Cancelled:
-                outcome.client_left = True
-                raise
-            except GatewayError as error:
-                self.failure = error
-                await timed(failed_with(session, error))
-            except Exception:
-                log.debug("turn %s failed", outcome.response_id, exc_info=True)
-                self.failure = InternalError("The gateway failed to process the request.")
+        try:
+            await timed(session.start())
+            with resources.drain.stoppable() as stop:  # a drain out of time ends the turn here
+                self.failure = await run_rounds(
+                    session,
+                    resources.backend,
+                    timed,
+                    self.tools,
+                    call_timeout=settings.mcp_call_timeout,
+                    concurrency=settings.mcp_call_concurrency,
+                    telemetry=resources.telemetry,
+                    admit_round=self._admit_round,
+                    outcome=outcome,
+                    on_answer=self._on_answer,
+                    opening=self._opening,
+                )
+            if stop.cancelled_caught and not session.done:
+                self.failure = ShuttingDown.stopped()
                 await timed(failed_with(session, self.failure))
-            finally:
-                self.abandon()  # (a request begun early that no round took)
-                if not self.answered.is_set():
-                    self._answered(False)
-                with trio.CancelScope(shield=True):
-                    await self._settle()
+        except trio.Cancelled:
+            outcome.client_left = True
+            raise
+        except GatewayError as error:
+            self.failure = error
+            await timed(failed_with(session, error))
+        except Exception:
+            log.debug("turn %s failed", outcome.response_id, exc_info=True)
+            self.failure = InternalError("The gateway failed to process the request.")
+            await timed(failed_with(session, self.failure))
 
     async def _keep(self) -> None:
         threading, self.threading = self.threading, None
@@ -255,12 +223,10 @@ class ChatTurn:
             self.rejection = self.failure or BackendStreamError(session.failure_message or "the backend failed", code=session.failure)
         self.answered.set()
 
-    async def _admit_round(self, request: dict[str, Any]) -> None:
-        """A tool loop's next backend round reserves its tokens like a request of its own."""
-        await self.resources.limiter.reserve(self.slot, self.caller, token_reservation(request, self.caller.limits)[0])
-
-    async def _settle(self) -> None:
-        """Give back the stream slot, count the tokens, fill in the outcome (as a Responses turn does)."""
+    def _conclude(self) -> None:
+        """The outcome, as a Responses turn's: its status, usage and rounds."""
+        if not self.answered.is_set():
+            self._answered(False)
         session = self.session
         usage = session.usage or {}
         outcome = self.outcome
@@ -274,14 +240,13 @@ class ChatTurn:
         }
         outcome.rounds = session.rounds + 1
         outcome.finished_at = trio.current_time()
-        threading, self.threading = self.threading, None
-        if threading is not None:  # never kept: no answer
-            await threading.release()
-        try:
-            await self.resources.limiter.settle(self.slot, self.caller, int(usage.get("total_tokens") or 0))
-        except GatewayError:
-            log.warning("could not count the tokens of chat completion %s", outcome.response_id)
 
-    def observe(self) -> None:
-        """Hand the outcome to telemetry and the log line (once the transport has filled in its part)."""
-        report_outcome(self.resources, self.outcome)
+    async def _settle(self) -> None:
+        """A message thread never kept (no answer) let go, then the slot and tokens."""
+        threading, self.threading = self.threading, None
+        if threading is not None:
+            await threading.release()
+        await super()._settle()
+
+    def _usage(self) -> dict[str, Any]:
+        return self.session.usage or {}

@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendStreamError
-from ..intake import RequestContext
-from ..sealing import Sealer
 from ..wire import CreateResponseRequest
+from .context import RequestContext
 from .plan import SUMMARY_HEAD
+from .sealing import Sealer
 
 if TYPE_CHECKING:  # (the engine runs a turn's own compaction with the helpers here)
     from .engine import Resources, Turn

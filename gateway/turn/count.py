@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from ..intake import RequestContext
 from ..wire import CreateResponseRequest
+from .context import RequestContext
 from .engine import Resources, prepare_turn
 
 __all__ = ["count_input_tokens"]

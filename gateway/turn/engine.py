@@ -26,42 +26,51 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 import trio
 
-from ..backends import BACKEND_WAIT, ChatBackend, ChatOpening, NativeRequest, WaitClock, WaitCounter, counting_waits
+from ..backends import ChatBackend
 from ..backends.routing import context_window_of
 from ..builtins.fetch import Opened, PageTools
-from ..builtins.search import FIND_IN_PAGE, FUNCTION as WEB_SEARCH_FUNCTION, OPEN_PAGE, WEB_SEARCH_TYPES, Found, WebSearch
+from ..builtins.search import (
+    FIND_IN_PAGE,
+    OPEN_PAGE,
+    WEB_SEARCH_TYPES,
+    Found,
+    WebSearch,
+)
+from ..builtins.search import FUNCTION as WEB_SEARCH_FUNCTION
 from ..config import Settings
-from ..drain import Drain
-from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot, token_reservation
-from ..observe import Telemetry
-from ..observe.outcome import TurnOutcome, log_outcome
 from ..errors import (
     BackendStatusError,
-    RateLimited,
     BackendStreamError,
     GatewayError,
     InternalError,
     InvalidRequest,
+    RateLimited,
     ShuttingDown,
     StoreUnavailable,
 )
-from ..sealing import Sealer
+from ..keys import ANONYMOUS, Caller, Limiter, StreamSlot, token_reservation
+from ..observe import Telemetry
+from ..observe.outcome import TurnOutcome
+from ..ops.drain import Drain
 from ..store import ResponseStore, StoredResponse
 from ..store.base import OwnerView, save_retrying
 from ..streams.session import ResponseSession
 from ..streams.translator import ResponseTranslator, RoundCall
+from ..wire import CreateResponseRequest
 from . import conversation
 from .compact import compacted, compaction_item, summarise
 from .fit import fit, room_for
+from .base import TurnBase
 from .plan import ChatPlan, TranslateOptions, compaction_asked, plan_chat_request
-from ..wire import CreateResponseRequest
+from .rounds import Emit, failed_with, run_rounds
+from .sealing import Sealer
 from .tools import (
     HostedSpec,
     RequestTools,
@@ -76,12 +85,11 @@ from .tools import (
     run_calls,
 )
 
-__all__ = ["Emit", "Resources", "Session", "Turn", "failed_with", "prepare_turn", "report_outcome", "run_rounds"]
+__all__ = ["Resources", "Turn", "prepare_turn"]
 
 log = logging.getLogger("gateway.turn")
 
 Event = dict[str, Any]
-Emit = Callable[[list[Event]], Awaitable[None]]
 
 
 @dataclass
@@ -116,243 +124,6 @@ class Resources:
             return value if value is not None and value.get("owner") == owner else None
 
         return TranslateOptions(open_sealed=open_sealed)
-
-
-class Session(Protocol):
-    """What `run_rounds` drives: a pure state machine over backend rounds (see streams.session)."""
-
-    @property
-    def request(self) -> dict[str, Any]:
-        """The next backend round's chat request."""
-        ...
-
-    @property
-    def calls(self) -> list[RoundCall]:
-        """The gateway's calls of the round just ended, awaiting results."""
-        ...
-
-    @property
-    def native(self) -> NativeRequest | None:
-        """The round's request in a backend's own API, where the client sent one."""
-        ...
-
-    @property
-    def done(self) -> bool: ...
-
-    @property
-    def round_over(self) -> bool: ...
-
-    def feed(self, chunk: Any) -> list[Any]: ...
-
-    def feed_batch(self, batch: list[Any]) -> list[Any]: ...
-
-    def end_of_stream(self) -> list[Any]: ...
-
-    def fail(self, code: str, message: str, *, type: str = ..., param: str | None = ..., status: int = ...) -> list[Any]: ...
-
-    def tool_result(
-        self, call: RoundCall, *, output: str | None = ..., error: str | None = ..., detail: dict[str, Any] | None = ...
-    ) -> list[Any]: ...
-
-    def tools_done(self) -> list[Any]: ...
-
-
-def begin_round(resources: Resources, session: Session) -> ChatOpening | None:
-    """The session's next round's request, begun by the backend now (see `ChatBackend`), unless
-    it cannot begin one or a trace context must go with it (its round's span, which opens
-    with the round)."""
-    begin_chat = getattr(resources.backend, "begin_chat", None)
-    if begin_chat is None or resources.telemetry.trace_headers():
-        return None
-    opening: ChatOpening | None = begin_chat(session.request, native=session.native)
-    return opening
-
-
-def failed_with(session: Session, error: GatewayError) -> list[Any]:
-    """The session's terminal failure for `error` (its code, message, type, param and status)."""
-    return session.fail(error.code or "server_error", error.message, type=error.type, param=error.param, status=error.status)
-
-
-async def run_rounds(
-    session: Session,
-    backend: ChatBackend,
-    emit: Callable[[list[Any]], Awaitable[None]],
-    tools: RequestTools,
-    *,
-    call_timeout: float,
-    concurrency: int,
-    on_answer: Callable[[GatewayError | None], None] | None = None,
-    telemetry: Telemetry | None = None,
-    admit_round: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
-    outcome: TurnOutcome | None = None,
-    opening: ChatOpening | None = None,
-    refit: Callable[[GatewayError], Awaitable[bool]] | None = None,
-) -> GatewayError | None:
-    """Drive `session` through backend rounds and the gateway's tool calls until it is done.
-
-    Each batch of events goes to `emit` in order.  A backend failure ends
-    the session (`error` + the failure) and is returned, for transports that
-    answer with an HTTP error.  `on_answer` hears each round's backend
-    answer (None) or failure before anything of it is emitted.
-    `admit_round` is asked before every round after the first (a tool
-    loop's next backend call) and may refuse it with a `GatewayError`,
-    which ends the session the same way.  `outcome` hears which backend
-    answered each round.  `opening`: the first round's request, begun by
-    the backend already (`ChatBackend`).  `refit` hears a first round's
-    refusal before anything of it is emitted; True: it changed the
-    request (fitted it into the context window), which is sent once more.
-    """
-    telemetry = telemetry or _NO_TELEMETRY
-    # What the backend calls and the tool calls keep the turn waiting goes to its outcome.
-    counter: WaitCounter = outcome if outcome is not None else WaitClock()
-    with counting_waits(counter):
-        failure: GatewayError | None = None
-        first = True
-        while not session.done:
-            if admit_round is not None and not first:
-                try:
-                    await admit_round(session.request)
-                except GatewayError as error:
-                    await emit(failed_with(session, error))
-                    return error
-            first = False
-            with telemetry.span("backend round", round=getattr(session, "rounds", 0)):
-                failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome, opening, refit) or failure
-                opening = refit = None
-            if session.calls:
-
-                async def report(call: RoundCall, outcome: ToolOutcome) -> None:
-                    await emit(session.tool_result(call, output=outcome.output, error=outcome.error, detail=outcome.detail))
-
-                began = trio.current_time()
-                try:
-                    with counting_waits(None):  # the calls are timed whole, whatever they wait on
-                        await run_calls(
-                            tools, session.calls, report, call_timeout=call_timeout, concurrency=concurrency, telemetry=telemetry
-                        )
-                finally:
-                    counter.waited += trio.current_time() - began
-                await emit(session.tools_done())
-        return failure
-
-
-_NO_TELEMETRY = Telemetry()
-
-
-async def _run_round(
-    session: Session,
-    backend: ChatBackend,
-    emit: Callable[[list[Any]], Awaitable[None]],
-    on_answer: Callable[[GatewayError | None], None] | None,
-    telemetry: Telemetry,
-    outcome: TurnOutcome | None,
-    opening: ChatOpening | None = None,
-    refit: Callable[[GatewayError], Awaitable[bool]] | None = None,
-) -> GatewayError | None:
-    while True:
-        try:
-            return await _one_round(session, backend, emit, on_answer, telemetry, outcome, opening)
-        except _Refused as refused:
-            if refit is None or not await refit(refused.error):
-                error = refused.error
-                break
-            refit = opening = None  # (the fitted request, sent once more: no second fitting)
-    if on_answer is not None:
-        on_answer(error)
-    await emit(failed_with(session, error))
-    return error
-
-
-class _Refused(Exception):
-    """A round's backend failed before it answered (`refit` may change the request)."""
-
-    def __init__(self, error: GatewayError) -> None:
-        self.error = error
-
-
-async def _one_round(
-    session: Session,
-    backend: ChatBackend,
-    emit: Callable[[list[Any]], Awaitable[None]],
-    on_answer: Callable[[GatewayError | None], None] | None,
-    telemetry: Telemetry,
-    outcome: TurnOutcome | None,
-    opening: ChatOpening | None,
-) -> GatewayError | None:
-    headers = telemetry.trace_headers()
-    if opening is None:
-        opened = backend.open_chat_stream(session.request, headers=headers, native=session.native)
-    else:  # (only a backend that began it takes `opening`)
-        opened = backend.open_chat_stream(session.request, headers=headers, native=session.native, opening=opening)  # type: ignore[call-arg]
-    answered = False
-    try:
-        async with opened as stream:
-            answered = True
-            if outcome is not None:
-                outcome.backend = getattr(stream, "backend", None)
-            if on_answer is not None:
-                on_answer(None)
-            eager_until = trio.current_time() + _EAGER_TIME
-            window_end = trio.current_time() + _BATCH_WINDOW
-            counter = BACKEND_WAIT.get()
-            waited = counter.waited if counter is not None else 0.0
-            async for batch in stream:
-                # At a stream's start, a read that brought many chunks is worked
-                # through in growing slices, so that its first ones leave before
-                # the rest is done; later reads go whole (fewer, larger writes).
-                now = trio.current_time()
-                eager = now < eager_until
-                if counter is not None and counter.waited != waited:
-                    # The read waited for the backend: the writer has had its turn
-                    # meanwhile, so the window starts again (a model's paced tokens
-                    # cost no extra trip through the scheduler each).
-                    waited = counter.waited
-                    window_end = now + _BATCH_WINDOW
-                sliced = eager and len(batch) > _FIRST_SLICE
-                for part in _slices(batch) if sliced else (batch,):
-                    await emit(session.feed_batch(part))
-                    if session.done and not stream.saw_done:
-                        return None  # failed on a chunk: nothing more to read
-                    # Batching buys throughput but must not hold tokens back: at
-                    # the start the turn yields after every part, so that the
-                    # writer's few steps (the head, the first write) each wait
-                    # for one part rather than a whole window; later, at least
-                    # every window.
-                    if eager or trio.current_time() >= window_end:
-                        await trio.lowlevel.checkpoint()
-                        window_end = trio.current_time() + _BATCH_WINDOW
-            await emit(session.end_of_stream())
-    except GatewayError as error:
-        telemetry.backend_error(error.code or "backend_error")
-        if not answered:
-            raise _Refused(error) from None
-        if on_answer is not None:
-            on_answer(error)
-        await emit(failed_with(session, error))
-        return error
-    return None
-
-
-# While the backend's bytes are already buffered the round does not yield on
-# its own; it is made to, so that no token waits longer than this to be sent.
-_BATCH_WINDOW = 0.0005
-_EAGER_TIME = 0.002  # a round's first 2 ms: yield after every part
-_FIRST_SLICE = 4
-
-
-def _slices(batch: list[Any]) -> Iterator[list[Any]]:
-    """`batch` in slices of 4, 8, 16, ... chunks."""
-    start, size = 0, _FIRST_SLICE
-    while start < len(batch):
-        yield batch[start : start + size]
-        start += size
-        size *= 2
-
-
-def report_outcome(resources: Resources, outcome: TurnOutcome) -> None:
-    """A response (or chat completion, or relayed generation) ended: count it and log its line."""
-    resources.telemetry.turn_finished(outcome)
-    log_outcome(outcome, trio.current_time())
 
 
 # --- preparing a turn ----------------------------------------------------------------------
@@ -533,7 +304,7 @@ async def timed_web(resources: Resources, tool: str, call: Awaitable[tuple[str, 
 @functools.cache
 def _warn_no_engine() -> None:
     """Once per process: a client asked for web search (Codex does on every request), and no engine is set."""
-    log.warning("a request's web search tool is left out: set WEB_SEARCH_URL to a SearXNG instance to run it (see README, Web search)")
+    log.warning("a request's web search tool is left out: set WEB_SEARCH_URL to a SearXNG instance to run it (see docs/web-search.md)")
 
 
 async def counted(resources: Resources, caller: Caller) -> str | None:
@@ -561,8 +332,10 @@ def _allow_list(settings: Settings) -> list[str]:
     return [entry.strip() for entry in settings.mcp_allowed_urls.split(",") if entry.strip()]
 
 
-class Turn:
+class Turn(TurnBase):
     """One response being produced: its request, conversation, plan and session."""
+
+    session: ResponseSession
 
     def __init__(
         self,
@@ -578,24 +351,19 @@ class Turn:
         slot: StreamSlot | None = None,
         lock: conversation.ConversationLock | None = None,
     ) -> None:
-        self.resources = resources
-        self.caller = caller
-        self._slot = slot
+        super().__init__(resources, caller, slot, outcome)
         self._lock = lock  # the conversation's, while this response runs on it
         self.req = req
         self.prepared = prepared
         self.plan = plan
         self.translator = translator
         self.session = ResponseSession(translator, plan.body, max_rounds=resources.settings.max_tool_call_iterations)
-        self.outcome = outcome
         self.events: list[Event] = []  # everything emitted, for the stored record
-        self.answered = trio.Event()  # the first backend round answered (or failed)
-        self.rejection: GatewayError | None = None  # the backend refused before producing anything
-        self.failure: GatewayError | None = None  # what failed the response, when a gateway error did
         self._hosted = hosted
         self._gateway_tools = gateway_tools
         self._offered: RequestTools | None = None  # the configured tools, when `begin` offered them
-        self._opening: ChatOpening | None = None  # the first round's request, when `begin` began it
+        self._persist: Callable[[StoredResponse], Awaitable[list[Event] | None]] | None = None
+        self._held: list[Event] = []  # the terminal event, until the response is stored
         # `truncation: "auto"` with a window nobody knew: the backend's context-length error fits it once.
         self.fits_on_error = False
         # `context_management` compaction: the input tokens past which it is summarised first.
@@ -605,25 +373,15 @@ class Turn:
     def response(self) -> dict[str, Any]:
         return self.translator.response
 
-    def begin(self) -> None:
-        """Have the backend start on the first round's request now, when nothing the turn does
-        before that round can change it: no hosted MCP servers to list, no approved calls to
-        run first, no trace context to carry (a traced request's call carries its round's
-        span, which opens with the round), no compaction that may come first.  What the
-        transport sets up meanwhile overlaps the backend's work; the first round takes the
-        request up, or `abandon` lets it go."""
-        if self._opening is not None or self._offered is not None or self._hosted or self._approval_answers():
-            return
-        if self.compact_threshold is not None:
-            return
+    def _may_begin(self) -> bool:
+        """The first round's request may be begun early when nothing the turn does before that
+        round can change it: no hosted MCP servers to list, no approved calls to run first, no
+        compaction that may come first (a trace context to carry: `begin_round` declines).  The
+        configured tools are offered now, for that request."""
+        if self._hosted or self._approval_answers() or self.compact_threshold is not None:
+            return False
         self._offered = self._offer_configured(RequestTools())
-        self._opening = begin_round(self.resources, self.session)
-
-    def abandon(self) -> None:
-        """Let go of a request `begin` began that no round took (nothing otherwise)."""
-        opening, self._opening = self._opening, None
-        if opening is not None:
-            opening.close()
+        return True
 
     @property
     def store(self) -> bool:
@@ -652,8 +410,12 @@ class Turn:
         response already ended elsewhere).  Never raises but for
         cancellation (the client left, or shutdown).
         """
+        self._persist = persist
+        await super().run(emit)
+
+    async def _produce(self, emit: Emit) -> None:
         session = self.session
-        held: list[Event] = []
+        held = self._held
 
         async def hold_terminal(events: list[Event]) -> None:
             if not events:
@@ -671,33 +433,22 @@ class Turn:
             self.events += events
             await emit(events)
 
-        telemetry = self.resources.telemetry
-        telemetry.turn_started(self.outcome)
-        try:
-            self.begin()  # (unless its transport did, before setting up)
-            with telemetry.span("turn", model=self.outcome.model, transport=self.outcome.transport):
-                if self._lock is None:
-                    await self._run(emit, hold_terminal, held, persist)
-                else:
-                    async with trio.open_nursery() as nursery:  # owned here: the conversation lock's renewals
-                        nursery.start_soon(self._lock.run_renewals)
-                        await self._run(emit, hold_terminal, held, persist)
-                        nursery.cancel_scope.cancel()
-        finally:
-            self.abandon()  # (a request begun early that no round took)
-            self._finish_outcome()
-            with trio.CancelScope(shield=True):
-                if self._lock is not None:
-                    await self._lock.release()  # a response that ended without appending lets it go
-                await self._settle()
+        if self._lock is None:
+            await self._run(emit, hold_terminal, held, self._persist)
+        else:
+            async with trio.open_nursery() as nursery:  # owned here: the conversation lock's renewals
+                nursery.start_soon(self._lock.run_renewals)
+                await self._run(emit, hold_terminal, held, self._persist)
+                nursery.cancel_scope.cancel()
 
     async def _settle(self) -> None:
-        """Give back the stream slot and count the tokens used, whatever happened."""
-        usage = self.response.get("usage") or {}
-        try:
-            await self.resources.limiter.settle(self._slot, self.caller, int(usage.get("total_tokens") or 0))
-        except GatewayError:
-            log.warning("could not count the tokens of response %s", self.outcome.response_id)
+        """The conversation let go (a response that ended without appending), then the slot and tokens."""
+        if self._lock is not None:
+            await self._lock.release()
+        await super()._settle()
+
+    def _usage(self) -> dict[str, Any]:
+        return self.response.get("usage") or {}
 
     async def _run(
         self,
@@ -823,11 +574,6 @@ class Turn:
         request["messages"] = fitted
         return True
 
-    async def _admit_round(self, request: dict[str, Any]) -> None:
-        """A tool loop's next backend round reserves its tokens like a request of its own."""
-        tokens, _ = token_reservation(request, self.caller.limits)
-        await self.resources.limiter.reserve(self._slot, self.caller, tokens)
-
     def _on_answer(self, error: GatewayError | None) -> None:
         if self.answered.is_set():
             return
@@ -848,7 +594,7 @@ class Turn:
         error = self.response.get("error") or {}
         return BackendStreamError(error.get("message") or "the backend reported an error", code=error.get("code"))
 
-    def _finish_outcome(self) -> None:
+    def _conclude(self) -> None:
         outcome = self.outcome
         outcome.status = str(self.response.get("status"))
         outcome.usage = self.response.get("usage")
@@ -871,10 +617,6 @@ class Turn:
         if event is not None:
             self.events.append(event)
         return event
-
-    def observe(self) -> None:
-        """Hand the outcome to telemetry and the observers (once the transport has filled in its part)."""
-        report_outcome(self.resources, self.outcome)
 
     # --- tools ---------------------------------------------------------------------
 

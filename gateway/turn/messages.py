@@ -24,17 +24,23 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..backends import NativeRequest
+from ..builtins.search import FUNCTION as WEB_SEARCH_FUNCTION
+from ..builtins.search import (
+    Found,
+    SearchOptions,
+    is_messages_web_search,
+    messages_search_options,
+)
 from ..errors import InvalidRequest
 from ..keys import Caller
-from ..builtins.search import FUNCTION as WEB_SEARCH_FUNCTION, Found, SearchOptions, is_messages_web_search, messages_search_options
-from ..intake import RequestContext
 from ..streams.messages import MessagesSession
 from .chat import ChatTurn, admit_chat
-from .engine import Resources, counted, timed_web
-from .tools import RequestTools, ToolOutcome
+from .context import RequestContext
 from .context_edits import apply_edits
+from .engine import Resources, counted, timed_web
 from .messages_plan import chat_request, native_body, restore_searches, unmapped
 from .threads import THREADS_BETA, open_thread
+from .tools import RequestTools, ToolOutcome
 
 __all__ = ["count_message_tokens", "prepare_messages"]
 

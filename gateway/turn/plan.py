@@ -7,7 +7,7 @@ the backend is reached or how events are transported.
 
 `REQUEST_FIELDS` is the one table of what becomes of each field a client
 may send (forwarded, done by the gateway, echoed, refused): the planner
-refuses and copies fields by it, the README's "Request fields" section is
+refuses and copies fields by it, docs/request-fields.md is
 it, and a test walks it over real sockets.
 """
 
@@ -64,7 +64,7 @@ Fate = Literal["forwarded", "done", "echoed", "refused"]
 
 @dataclass(frozen=True, slots=True)
 class RequestField:
-    """What becomes of one field of a create request: a row of the README's "Request fields".
+    """What becomes of one field of a create request: a row of docs/request-fields.md.
 
     forwarded  the Chat Completions request carries it (`chat`: copied there unchanged)
     done       the gateway itself does what it asks
@@ -260,7 +260,6 @@ class ChatPlan:
     body: dict[str, Any]
     response: dict[str, Any]
     allowed_tools: frozenset[str] | None = None
-    skipped_tools: list[str] = field(default_factory=list)
     # Flattened chat function name -> what the client called it (custom tools, namespaces).
     tool_kinds: dict[str, ToolKind] = field(default_factory=dict)
     # What the request's web search tool asks, when it has one (the gateway runs it: `gateway.builtins`).
@@ -308,7 +307,7 @@ def plan_chat_request(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    chat_tools, echo_tools, skipped, kinds = _tools(req.tools)
+    chat_tools, echo_tools, kinds = _tools(req.tools)
     web_search = next(
         (responses_search_options(tool, n) for n, tool in enumerate(req.tools or ()) if tool.get("type") in WEB_SEARCH_TYPES), None
     )
@@ -353,7 +352,7 @@ def plan_chat_request(
         body["prompt_cache_options"] = {k: v for k, v in (("mode", cache.mode), ("ttl", cache.ttl)) if v is not None}
 
     response = _skeleton(req, response_id, created_at, echo_tools, tool_choice_echo, text_format)
-    return ChatPlan(body=body, response=response, allowed_tools=allowed, skipped_tools=skipped, tool_kinds=kinds, web_search=web_search)
+    return ChatPlan(body=body, response=response, allowed_tools=allowed, tool_kinds=kinds, web_search=web_search)
 
 
 # --- messages --------------------------------------------------------------------
@@ -844,7 +843,7 @@ def _custom_function(tool: dict[str, Any], name: str) -> dict[str, Any]:
 
 def _tools(
     tools: list[dict[str, Any]] | None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str], dict[str, ToolKind]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, ToolKind]]:
     chat: list[dict[str, Any]] = []
     echo: list[dict[str, Any]] = []
     skipped: list[str] = []
@@ -911,7 +910,7 @@ def _tools(
         )
     if skipped:
         log.warning("skipped tools the backend cannot serve: %s", ", ".join(sorted(set(skipped))))
-    return chat, echo, skipped, kinds
+    return chat, echo, kinds
 
 
 def _tool_choice(

@@ -23,11 +23,12 @@ from urllib.parse import unquote
 import trio
 
 from ..errors import GatewayError
-from ..intake import RequestContext
 from ..keys import ANONYMOUS, Caller, StreamSlot, token_reservation
 from ..observe.outcome import TurnOutcome
 from ..wire import read_relayed_body
-from .engine import Resources, report_outcome
+from .context import RequestContext
+from .engine import Resources
+from .rounds import report_outcome
 
 __all__ = ["GENERATION_PATHS", "Relay", "chat_relay", "prepare_relay"]
 

@@ -1,0 +1,3 @@
+"""Process-wide services: the drain, the event loops' watch, logs, redaction, the outbound address guard."""
+
+__all__: list[str] = []
