@@ -200,8 +200,11 @@ async def test_health_root_and_unknown_paths(gateway_url, client):
     assert (await client.get(gateway_url + "/health")).json()["status"] == "ok"
     root = (await client.get(gateway_url + "/")).json()
     assert "running" in root["message"]
-    for endpoint in [*root["endpoints"], "GET " + root["health"], "GET " + root["ready"]]:  # each is served here
+    assert {"POST /v1/responses", "POST /v1/chat/completions", "POST /v1/messages", "GET /health"} <= set(root["endpoints"])
+    for endpoint in root["endpoints"]:  # each one without a parameter is served here
         method, path = endpoint.split()
+        if "{" in path or method in ("*", "WEBSOCKET"):
+            continue
         answered = await client.request(method, gateway_url + path, content=b"{}")
         assert answered.status_code in (200, 400), endpoint  # (a POST of `{}` is refused for what it lacks)
     r = await client.get(gateway_url + "/nope")

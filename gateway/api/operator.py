@@ -11,12 +11,13 @@ __all__ = ["health", "metrics", "ready", "root"]
 
 
 async def root(call: Call) -> DeferredHeadBody:
+    """What is served here: every row of the route table, as method and path."""
+    from . import ROUTES  # (the table is built from this module's handlers)
+
     return JsonBody(
         {
             "message": "Responses gateway is running.",
-            "endpoints": ["POST /v1/responses", "POST /v1/chat/completions", "POST /v1/messages", "GET /v1/models"],
-            "health": "/health",
-            "ready": "/ready",
+            "endpoints": [f"{route.method} {route.path}" for route in ROUTES],
         }
     )
 
