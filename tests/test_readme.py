@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import re
 import subprocess
 import sys
+
+from typing import Any
 
 import pytest
 import trio
@@ -104,7 +107,9 @@ def test_ci_runs_the_readmes_test_command_with_the_system_python_and_a_fresh_hom
     assert "env -i" in ci and "PATH=/usr/bin:/bin" in ci and 'HOME="$home"' in ci and "mktemp -d" in ci
 
 
-def test_a_recipe_whose_environment_is_up_to_date_does_not_run_pip(tmp_path):
+def fake_venv(tmp_path: pathlib.Path) -> Any:
+    """A project folder whose `.venv` python records each pip run instead of installing, and the
+    justfile's `_install` run there: the pip calls it made."""
     just = pathlib.Path(sys.executable).with_name("just")
     if not just.exists():
         pytest.skip("just is not installed beside this Python (./dev installs it into .venv)")
@@ -112,13 +117,12 @@ def test_a_recipe_whose_environment_is_up_to_date_does_not_run_pip(tmp_path):
     venv_bin = tmp_path / ".venv" / "bin"
     venv_bin.mkdir(parents=True)
     (venv_bin / "pip").touch(mode=0o755)
-    # A stand-in for the venv's python: records each pip run instead of installing.
     (venv_bin / "python").write_text('#!/bin/sh\necho "$*" >>calls\n')
     (venv_bin / "python").chmod(0o755)
 
-    def install() -> list[str]:
+    def install(*args: str) -> list[str]:
         subprocess.run(
-            [just, "--justfile", ROOT / "justfile", "--working-directory", tmp_path, "_install", "test", "model==1"],
+            [just, "--justfile", ROOT / "justfile", "--working-directory", tmp_path, "_install", *args],
             check=True,
             capture_output=True,
         )
@@ -126,6 +130,11 @@ def test_a_recipe_whose_environment_is_up_to_date_does_not_run_pip(tmp_path):
         (tmp_path / "calls").unlink(missing_ok=True)
         return calls
 
+    return install
+
+
+def test_a_recipe_whose_environment_is_up_to_date_does_not_run_pip(tmp_path):
+    install = functools.partial(fake_venv(tmp_path), "test", "model==1")
     first = install()
     assert [call.split()[-2:] for call in first] == [["-e", ".[test]"], ["--no-deps", "model==1"]]
     assert install() == []
@@ -169,25 +178,7 @@ def test_dev_with_no_arguments_lists_the_recipes_instead_of_running_setup():
 
 
 def test_the_base_install_is_satisfied_by_any_extras_up_to_date_stamp(tmp_path):
-    just = pathlib.Path(sys.executable).with_name("just")
-    if not just.exists():
-        pytest.skip("just is not installed beside this Python (./dev installs it into .venv)")
-    (tmp_path / "pyproject.toml").write_text("[project]\n")
-    venv_bin = tmp_path / ".venv" / "bin"
-    venv_bin.mkdir(parents=True)
-    (venv_bin / "pip").touch(mode=0o755)
-    (venv_bin / "python").write_text('#!/bin/sh\necho "$*" >>calls\n')
-    (venv_bin / "python").chmod(0o755)
-
-    def install(*args: str) -> list[str]:
-        subprocess.run(
-            [just, "--justfile", ROOT / "justfile", "--working-directory", tmp_path, "_install", *args],
-            check=True,
-            capture_output=True,
-        )
-        calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
-        (tmp_path / "calls").unlink(missing_ok=True)
-        return calls
+    install = fake_venv(tmp_path)
 
     assert [call.split()[-2:] for call in install("test", "model==1")] == [["-e", ".[test]"], ["--no-deps", "model==1"]]
     assert install("") == []  # `serve` after `test`: the test extra includes the base
