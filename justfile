@@ -30,6 +30,19 @@ serve *ARGS: (_install "")
 docs *ARGS: (_install "docs")
     {{py}} -m mkdocs build --strict -d site {{ARGS}}
 
+# Refresh the operator console's vendored htmx from npm (`just vendor-htmx 2.0.11`), with its version and licence.
+vendor-htmx version="2":
+    #!/usr/bin/env bash
+    set -euo pipefail
+    static=gateway/console/static tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    (cd "$tmp" && npm pack --silent "htmx.org@{{ version }}" >/dev/null && tar -xzf htmx.org-*.tgz)
+    found=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' "$tmp/package/package.json")
+    cp "$tmp/package/dist/htmx.min.js" "$static/htmx.min.js"
+    { echo "htmx $found (https://htmx.org), from the npm package htmx.org@$found: dist/htmx.min.js, unmodified."
+      echo "Refreshed by \`just vendor-htmx\` (the justfile)."; echo; cat "$tmp/package/LICENSE"; } >"$static/htmx.LICENSE.txt"
+    echo "just: vendored htmx $found into $static" >&2
+
 # Serve llama.cpp with SmolLM2 on port 8000 (a local backend for `just serve`).
 llama port="8000": (_install "demo" model)
     {{py}} -m gateway.lab.llamacpp --host 127.0.0.1 --port {{port}}

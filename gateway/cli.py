@@ -31,6 +31,8 @@ _LAB_COMMANDS = {
     "mcp": ("gateway.mcp.cli", "MCP servers: `gateway mcp list` connects to each and prints its tools"),
     "keys": ("gateway.keys.cli", "API keys: `gateway keys create NAME | list | revoke NAME`"),
     "config": ("gateway.backends.cli", "backends file: `gateway config check [FILE]` validates it, prints the routes"),
+    "doctor": ("gateway.backends.doctor", "try each backend the way the clients will use it; a verdict and a fix per row"),
+    "launch": ("gateway.launch.cli", "start Claude Code, Codex or opencode on your own model: `gateway launch claude`"),
 }
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "ConfigError",
     "Settings",
     "check_key_name",
+    "default_sqlite_path",
     "environment_warnings",
     "load_settings",
     "misspelt_settings",
@@ -30,6 +31,16 @@ __all__ = [
 
 class ConfigError(Exception):
     """An environment variable holds a value the gateway cannot use."""
+
+
+def default_sqlite_path() -> str:
+    """The per-user SQLite file, `$XDG_DATA_HOME/responses-gateway/responses.sqlite3` (XDG's default
+    `~/.local/share`): not relative to the working directory, so that `gateway keys create` run
+    anywhere writes to the store a gateway started anywhere else reads."""
+    base = os.environ.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(base):  # unset, empty or relative: ignored, as the XDG spec says
+        base = os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "responses-gateway", "responses.sqlite3")
 
 
 class Settings(BaseSettings):
@@ -147,7 +158,13 @@ class Settings(BaseSettings):
     store_backend: Literal["sqlite", "memory", "redis"] = Field(
         "sqlite", description="Where stored responses live: sqlite (embedded default), memory or redis."
     )
-    sqlite_path: str = Field("./data/responses.sqlite3", description="SQLite database file.")
+    sqlite_path: str = Field(
+        default_factory=default_sqlite_path,
+        description=(
+            "SQLite database file (default: $XDG_DATA_HOME/responses-gateway/responses.sqlite3, that is "
+            "~/.local/share/responses-gateway/responses.sqlite3: the same file whatever the working directory)."
+        ),
+    )
     redis_url: str = Field("redis://localhost:6379/0", description="Redis URL (STORE_BACKEND=redis).", repr=False)
     store_ttl: float = Field(
         30 * 24 * 3600.0,
@@ -231,6 +248,14 @@ class Settings(BaseSettings):
     metrics_token: str = Field(
         "", description="Bearer token /metrics requires (empty: /metrics is open to whoever reaches the port).", repr=False
     )
+    console_token: str = Field(
+        "",
+        description=(
+            "The operator console's credential (/console), at least 16 characters; an API key with the admin flag "
+            "works too (empty and no admin key: the console is off)."
+        ),
+        repr=False,
+    )
     otel_exporter_otlp_endpoint: str = Field(
         "", description="OTLP/HTTP endpoint traces are exported to (e.g. http://collector:4318); empty: no traces."
     )
@@ -251,6 +276,14 @@ class Settings(BaseSettings):
     @classmethod
     def _static_keys(cls, value: str) -> str:
         static_key_entries(value)  # raises ValueError naming the problem (never the keys)
+        return value
+
+    @field_validator("console_token")
+    @classmethod
+    def _console_token(cls, value: str) -> str:
+        value = value.strip()
+        if value and len(value) < 16:
+            raise ValueError("must be at least 16 characters (openssl rand -hex 24 makes one), or empty")
         return value
 
     @field_validator("store_backend", mode="before")

@@ -343,6 +343,14 @@ class ScriptedBackend:
     # in /v1/models), "llamacpp" (`/props`), "ollama" (`/api/show`), "hidden" (only in its error
     # when a request does not fit: llama.cpp's, with `n_ctx`); None: any request fits.
     window: tuple[str, int] | None = None
+    # The models `/v1/models` lists; a key every request must bear (`Bearer KEY`; None: any or none).
+    listed: tuple[str, ...] = ("text",)
+    key: str | None = None
+    # What the model "capable" (a backend that does all a coding agent needs: `_capable_script`)
+    # lacks, for `gateway doctor` to find: "stream-end", "tool-call", "tool-json", "tool-result",
+    # "parallel", "usage", "cached-field", "prefix-cache", "reasoning".
+    lacks: frozenset[str] = frozenset()
+    _last_prompt: list[int] = field(default_factory=list)  # "capable"'s prompt cache: the prompt before
     url: str = ""
     _arrived: trio.Event = field(default_factory=trio.Event)
 
@@ -373,15 +381,19 @@ class ScriptedBackend:
         self.requests.append(Recorded(path, scope["method"], headers, body))
         self._arrived.set()
         self._arrived = trio.Event()
+        if self.key is not None and headers.get("authorization") != f"Bearer {self.key}":
+            await _json(send, 401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "code": "invalid_api_key"}})
+            return
         if path in ("/tokenize", "/apply-template") and self.tokenizer is not None:
             await self._tokenizer(path, body, send)
         elif path == "/v1/chat/completions" and scope["method"] == "POST":
             await self._chat(body, receive, send)
         elif path == "/v1/models":
-            entry: dict[str, Any] = {"id": "text", "object": "model", "owned_by": "tests"}
+            entries: list[dict[str, Any]] = [{"id": name, "object": "model", "owned_by": "tests"} for name in self.listed]
             if self.window is not None and self.window[0] == "vllm":
-                entry["max_model_len"] = self.window[1]
-            await _json(send, 200, {"object": "list", "data": [entry]})
+                for entry in entries:
+                    entry["max_model_len"] = self.window[1]
+            await _json(send, 200, {"object": "list", "data": entries})
         elif path == "/props" and self.window is not None and self.window[0] == "llamacpp":
             await _json(send, 200, {"default_generation_settings": {"n_ctx": self.window[1]}, "total_slots": 1})
         elif path == "/api/show" and self.window is not None and self.window[0] == "ollama":
@@ -500,6 +512,8 @@ class ScriptedBackend:
             script = _weather_script(body)
         elif model == "bash-agent":
             script = _bash_agent_script(body)
+        elif model == "shell-agent":
+            script = _shell_agent_script(body)
         elif model == "numbered-calls":
             refusal = _unanswered_calls(body)
             if refusal is not None:
@@ -525,6 +539,14 @@ class ScriptedBackend:
             script = _lookup_twice_script(body)
         elif model.startswith("mcp-"):
             script = _tool_user_script(model, body)
+        elif model == "capable":
+            if "tool-result" in self.lacks and any(m.get("role") == "tool" for m in body.get("messages") or ()):
+                await _json(send, 400, {"error": {"message": "tool messages are not supported", "type": "invalid_request_error"}})
+                return
+            prompt = tokenize(chat_template(body), add_special=True, parse_special=True)
+            reused = next((n for n, (a, b) in enumerate(zip(prompt, self._last_prompt)) if a != b), min(len(prompt), len(self._last_prompt)))
+            self._last_prompt = prompt
+            script = _capable_script(body, self.lacks, len(prompt), 0 if "prefix-cache" in self.lacks else reused)
         elif model == "logprobs-if-asked":
             script = _logprobs_script(body)
         else:
@@ -595,6 +617,38 @@ def _tool_user_script(model: str, body: dict[str, Any]) -> list[Any]:
     return script + [chunk(finish="tool_calls"), usage_chunk(), b"[DONE]"]
 
 
+def _capable_script(body: dict[str, Any], lacks: frozenset[str], prompt: int, cached: int) -> list[Any]:
+    """A model on a server that does what coding agents need, less what `lacks` names: it thinks
+    (`reasoning_content`) and answers; calls the function `tool_choice` names with arguments
+    for its schema's required properties; calls every tool offered at once otherwise; answers a
+    tool's result in text; reports usage with its cached prompt tokens when asked."""
+    messages = body.get("messages") or []
+    tools = [t.get("function") or {} for t in body.get("tools") or ()]
+    choice = body.get("tool_choice")
+    script: list[Any] = [chunk({"role": "assistant", "content": ""})]
+    if tools and not any(m.get("role") == "tool" for m in messages) and "tool-call" not in lacks:
+        named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        called = [t for t in tools if t.get("name") == named] if named else tools[:1] if "parallel" in lacks else tools
+        for index, tool in enumerate(called):
+            required = (tool.get("parameters") or {}).get("required") or ()
+            arguments = "city=Paris" if "tool-json" in lacks else orjson.dumps({name: "Paris" for name in required}).decode()
+            script.append(chunk(call_delta(index, id=f"call_{index}", name=tool.get("name"), args=arguments)))
+        script.append(chunk(finish="tool_calls"))
+    else:
+        if "reasoning" not in lacks:
+            script.append(chunk({"reasoning_content": "The user wants an answer."}))
+        script += [chunk({"content": "Hello"}), chunk({"content": " there."})]
+        if "stream-end" in lacks:
+            return [*script, CLOSE]
+        script.append(chunk(finish="stop"))
+    if "usage" not in lacks and (body.get("stream_options") or {}).get("include_usage"):
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
+        if "cached-field" not in lacks:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        script.append({**usage_chunk(), "usage": usage})
+    return [*script, b"[DONE]"]
+
+
 BASH_COMMAND = "echo through-the-gateway > ran.txt"
 
 
@@ -614,6 +668,39 @@ def _bash_agent_script(body: dict[str, Any]) -> list[Any]:
         chunk({"content": "I will run it."}),
         chunk(call_delta(0, id="call_bash_1", name="Bash", args=arguments[:20])),
         chunk(call_delta(0, args=arguments[20:])),
+        chunk(finish="tool_calls"),
+        usage_chunk(),
+        b"[DONE]",
+    ]
+
+
+SHELL_COMMAND = "echo launched-through-the-gateway > launched.txt"
+# Each coding agent's shell tool, and its arguments for SHELL_COMMAND: Claude Code's `Bash`, Codex's
+# `shell_command` (its catalog's shell type) or `exec_command` (unified exec), opencode's `bash`.
+SHELL_TOOLS: dict[str, dict[str, Any]] = {
+    "Bash": {"command": SHELL_COMMAND, "description": "Write a file"},
+    "shell_command": {"command": SHELL_COMMAND},
+    "exec_command": {"cmd": SHELL_COMMAND},
+    "bash": {"command": SHELL_COMMAND, "description": "Write a file"},
+}
+
+
+def _shell_agent_script(body: dict[str, Any]) -> list[Any]:
+    """Any coding agent's model: asked to "use the shell", it runs SHELL_COMMAND once with the
+    shell tool it is offered (SHELL_TOOLS), then reports what the tool said; asked anything
+    else, it answers in text."""
+    messages = body.get("messages") or []
+    names = [(t.get("function") or {}).get("name") for t in body.get("tools") or ()]
+    shell = next((name for name in names if name in SHELL_TOOLS), None)
+    results = [m for m in messages if m.get("role") == "tool"]
+    asked = " ".join(orjson.dumps(m.get("content")).decode() for m in messages if m.get("role") == "user")
+    if shell is None or "use the shell" not in asked or results:
+        said = f"Done: {str(results[-1]['content'])[:200]!r}" if results else "Hello from the gateway."
+        return [chunk({"role": "assistant", "content": ""}), chunk({"content": said}), chunk(finish="stop"), usage_chunk(), b"[DONE]"]
+    arguments = orjson.dumps(SHELL_TOOLS[shell]).decode()
+    return [
+        chunk({"role": "assistant", "content": ""}),
+        chunk(call_delta(0, id="call_shell_1", name=shell, args=arguments)),
         chunk(finish="tool_calls"),
         usage_chunk(),
         b"[DONE]",

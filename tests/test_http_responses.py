@@ -206,6 +206,9 @@ async def test_health_root_and_unknown_paths(gateway_url, client):
         if "{" in path or method in ("*", "WEBSOCKET"):
             continue
         answered = await client.request(method, gateway_url + path, content=b"{}")
+        if path.startswith("/console"):  # the console is off until an operator credential is configured
+            assert answered.status_code == 404 and answered.json()["error"]["code"] == "console_disabled", endpoint
+            continue
         assert answered.status_code in (200, 400), endpoint  # (a POST of `{}` is refused for what it lacks)
     r = await client.get(gateway_url + "/nope")
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"

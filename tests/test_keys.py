@@ -9,6 +9,7 @@ run real `gateway` processes on a real redis-server.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -23,7 +24,7 @@ from httpx2.websockets import AsyncWebSocketClient, WebSocketUpgradeError
 
 import gateway
 from conftest import SequentialIds, make_settings, parse_sse
-from gateway.keys import ApiKey, KeyLimits, digest
+from gateway.keys import ANONYMOUS, ApiKey, KeyLimits, digest
 from gateway.keys.stores import MemoryKeys, RedisKeys
 from test_multi_instance_and_crash import STARTUP_SECONDS, start_gateways
 from test_store_contract import REDIS, run_stoppable_redis, start_redis
@@ -617,6 +618,71 @@ async def test_key_stores_keep_keys_by_digest_and_name(key_store):
     alice = await store.by_name("alice")
     await store.put(ApiKey(**{**alice.__dict__, "revoked_at": 5.0}))  # type: ignore[union-attr]
     assert not (await store.by_digest(digest(ALICE))).active  # type: ignore[union-attr]
+
+
+async def test_key_stores_keep_the_admin_flag_and_a_caller_is_admin_only_by_a_stored_admin_key(key_store):
+    from gateway.keys import KeyRing, parse_static_keys
+
+    _, store, _ = key_store
+    await store.put(dataclasses.replace(key("alice", ALICE), admin=True))
+    await store.put(key("bob", BOB))
+    assert (await store.by_digest(digest(ALICE))).admin  # type: ignore[union-attr]
+    assert not (await store.by_name("bob")).admin  # type: ignore[union-attr]
+    assert [(k.name, k.admin) for k in await store.all()] == [("alice", True), ("bob", False)]
+    ring = KeyRing(store, parse_static_keys(f"env={CAROL}"))
+    assert (await ring.identify([(b"authorization", f"Bearer {ALICE}".encode())])).admin
+    assert not (await ring.identify([(b"authorization", f"Bearer {BOB}".encode())])).admin
+    assert not (await ring.identify([(b"x-api-key", CAROL.encode())])).admin  # a GATEWAY_API_KEYS key
+    assert not ANONYMOUS.admin
+    await store.put(dataclasses.replace(await store.by_name("alice"), admin=False))
+    assert not (await ring.identify([(b"authorization", f"Bearer {ALICE}".encode())])).admin  # taken back at once
+
+
+async def test_a_sqlite_key_table_written_before_the_admin_flag_still_loads_its_keys_as_not_admin(tmp_path):
+    import sqlite3
+
+    from gateway.keys.stores import SQLiteKeys
+
+    path = str(tmp_path / "keys.sqlite3")
+    old = key("alice", ALICE, rpm=5).to_json()
+    del old["admin"]  # a key as stored before the flag existed
+    with sqlite3.connect(path) as conn:  # the table as the gateway created it then
+        conn.execute("CREATE TABLE api_keys (name TEXT PRIMARY KEY, digest TEXT NOT NULL, data BLOB NOT NULL)")
+        conn.execute("INSERT INTO api_keys VALUES (?, ?, ?)", ("alice", digest(ALICE), orjson.dumps(old)))
+    conn.close()
+    store = SQLiteKeys(path)
+    found = await store.by_digest(digest(ALICE))
+    assert found is not None and found.active and not found.admin and found.limits.rpm == 5
+    await store.put(dataclasses.replace(found, admin=True))
+    assert (await store.by_name("alice")).admin  # type: ignore[union-attr]
+    await store.aclose()
+
+
+@pytest.mark.parametrize("backend_name", ["sqlite", "redis"])
+async def test_the_cli_creates_lists_and_updates_the_admin_flag(tmp_path, nursery, backend_name):
+    if backend_name == "redis":
+        if REDIS is None:
+            pytest.skip("redis-server is not installed")
+        env = {"STORE_BACKEND": "redis", "REDIS_URL": await start_redis(nursery, tmp_path / "redis"), "LOG_FILE_PATH": ""}
+    else:
+        env = {"STORE_BACKEND": "sqlite", "SQLITE_PATH": str(tmp_path / "gw.sqlite3"), "LOG_FILE_PATH": ""}
+
+    async def roles() -> dict[str, bool]:
+        code, out, _ = await keys_cli(env, "list", cwd=tmp_path)
+        assert code == 0
+        rows = [line.split("\t") for line in out.splitlines() if not line.startswith("#")]
+        return {row[0]: row[-1] == "admin" for row in rows}
+
+    with trio.fail_after(STARTUP_SECONDS * 8):
+        code, _, err = await keys_cli(env, "create", "ops", "--admin", "--rpm", "10", cwd=tmp_path)
+        assert code == 0 and "admin key 'ops'" in err
+        assert (await keys_cli(env, "create", "app", cwd=tmp_path))[0] == 0
+        assert await roles() == {"ops": True, "app": False}
+        assert (await keys_cli(env, "update", "ops", "--no-admin", cwd=tmp_path))[0] == 0
+        assert (await keys_cli(env, "update", "app", "--admin", cwd=tmp_path))[0] == 0
+        assert await roles() == {"ops": False, "app": True}
+        code, out, _ = await keys_cli(env, "list", cwd=tmp_path)
+        assert "rpm=10" in out  # updating the flag keeps the limits
 
 
 async def test_a_sqlite_key_read_on_every_request_costs_one_statement_until_another_connection_changes_the_file(tmp_path):

@@ -598,3 +598,144 @@ async def test_a_thread_expires_ttl_after_its_last_write(expiring):
     assert await store.load_thread("msg_1") is not None
     await advance(2)
     assert await store.load_thread("msg_1") is None
+
+
+# --- listing (the operator console's) ---------------------------------------------------------------
+
+
+def dated(response_id: str, created: int) -> StoredResponse:
+    made = record(response_id)
+    made.response["created_at"] = created
+    return made
+
+
+def dated_conversation(conversation_id: str, created: int) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(conversation(conversation_id), created_at=created)
+
+
+async def test_responses_are_listed_newest_first_a_page_at_a_time(store):
+    # Saved out of order, two created in the same second (then ordered by id, the larger first).
+    for response_id, created in [("resp_b", 200), ("resp_a", 100), ("resp_d", 300), ("resp_c", 300), ("resp_e", 400)]:
+        await store.save(dated(response_id, created))
+    await store.save_thread(thread("msg_t"))  # threads are not listed
+    listed = await store.list_responses()
+    assert [r.id for r in listed] == ["resp_e", "resp_d", "resp_c", "resp_b", "resp_a"]
+    assert listed[0] == dated("resp_e", 400)  # whole records
+    pages, before = [], None
+    while page := await store.list_responses(limit=2, before=before):
+        pages.append([r.id for r in page])
+        before = page[-1].id
+    assert pages == [["resp_e", "resp_d"], ["resp_c", "resp_b"], ["resp_a"]]
+    await store.update("resp_a", bump)  # a change does not move a record: it is listed by when it was created
+    assert [r.id for r in await store.list_responses(limit=2, before="resp_c")] == ["resp_b", "resp_a"]
+    assert await store.list_responses(before="resp_unknown") == []
+    assert await store.list_responses(limit=0) == [] and await store.list_responses(limit=-5) == []
+
+
+async def test_deleted_responses_and_conversations_are_not_listed(store):
+    for n in range(4):
+        await store.save(dated(f"resp_{n}", 100 + n))
+        await store.save_conversation(dated_conversation(f"conv_{n}", 100 + n))
+    assert await store.delete("resp_2") and await store.delete_conversation("conv_2")
+    assert [r.id for r in await store.list_responses()] == ["resp_3", "resp_1", "resp_0"]
+    assert [c.id for c in await store.list_conversations()] == ["conv_3", "conv_1", "conv_0"]
+    assert await store.list_responses(before="resp_2") == []  # a cursor that is gone: nothing after it
+    assert [c.id for c in await store.list_conversations(limit=1, before="conv_3")] == ["conv_1"]
+
+
+async def test_conversations_are_listed_newest_first_and_a_page_is_at_most_the_list_limit(store):
+    from gateway.store.base import LIST_LIMIT
+
+    for n in range(LIST_LIMIT + 3):
+        await store.save_conversation(dated_conversation(f"conv_{n:03}", 1_800_000_000 + n // 2))
+    listed = await store.list_conversations(limit=LIST_LIMIT + 50)
+    assert len(listed) == LIST_LIMIT
+    expected = sorted((f"conv_{n:03}" for n in range(LIST_LIMIT + 3)), key=lambda c: (int(c[5:]) // 2, c), reverse=True)
+    assert [c.id for c in listed] == expected[:LIST_LIMIT]
+    assert [c.id for c in await store.list_conversations(before=listed[-1].id)] == expected[LIST_LIMIT:]
+    assert listed[0] == dated_conversation(expected[0], 1_800_000_000 + (LIST_LIMIT + 2) // 2)
+    await store.update_conversation(expected[-1], lambda c: c)  # a change does not move it
+    assert (await store.list_conversations(before=expected[-2]))[0].id == expected[-1]
+
+
+async def test_expired_responses_and_conversations_are_not_listed_and_a_running_one_is(expiring):
+    store, advance = expiring
+    await store.save(dated("resp_old", 100))
+    running = dated("resp_running", 50)
+    running.lease_until = 1.0
+    await store.save(running)
+    await store.save_conversation(dated_conversation("conv_old", 100))
+    await advance(TTL - 1)
+    await store.save(dated("resp_new", 200))
+    await store.save_conversation(dated_conversation("conv_new", 200))
+    assert [r.id for r in await store.list_responses()] == ["resp_new", "resp_old", "resp_running"]
+    await advance(2)
+    assert [r.id for r in await store.list_responses()] == ["resp_new", "resp_running"]
+    assert [c.id for c in await store.list_conversations()] == ["conv_new"]
+    assert [r.id for r in await store.list_responses(before="resp_new")] == ["resp_running"]
+    await advance(TTL)
+    assert [r.id for r in await store.list_responses()] == ["resp_running"]
+    assert await store.list_conversations() == []
+
+
+async def test_sqlite_files_from_before_listing_are_dated_from_their_records_at_start_up(tmp_path):
+    import sqlite3
+
+    from gateway.store.base import encode_conversation, encode_record
+
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE responses (id TEXT PRIMARY KEY, data BLOB NOT NULL, saved_at REAL NOT NULL, lease_until REAL);"
+        "CREATE TABLE items (id TEXT PRIMARY KEY, response_id TEXT NOT NULL);"
+        "CREATE TABLE conversations (id TEXT PRIMARY KEY, data BLOB NOT NULL, saved_at REAL NOT NULL);"
+    )
+    for response_id, created in [("resp_1", 300), ("resp_2", 100), ("resp_3", 200)]:
+        conn.execute("INSERT INTO responses VALUES (?, ?, 0, NULL)", (response_id, encode_record(dated(response_id, created))))
+    conn.execute("INSERT INTO responses VALUES ('resp_bad', x'00', 0, NULL)")  # a damaged record does not stop start-up
+    conn.execute("INSERT INTO conversations VALUES ('conv_1', ?, 0)", (encode_conversation(conversation("conv_1")),))
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(str(path))
+    assert [r.id for r in await store.list_responses(limit=3)] == ["resp_1", "resp_3", "resp_2"]
+    assert [c.id for c in await store.list_conversations()] == ["conv_1"]
+    await store.save(dated("resp_4", 400))
+    assert (await store.list_responses(limit=1))[0].id == "resp_4"
+    await store.aclose()
+
+
+@pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (.ci/run installs it)")
+async def test_the_redis_listing_index_lets_go_of_expired_records_as_writes_go_on(tmp_path, nursery):
+    import redis
+
+    from gateway.store.redis import RedisStore
+
+    now = [1_800_000_000.0]
+    url = await start_redis(nursery, tmp_path)
+    store = RedisStore(url, ttl=TTL, clock=lambda: now[0])
+    client = redis.Redis.from_url(url)
+    for n in range(30):
+        await store.save(dated(f"resp_{n}", 100 + n))
+        await store.save_conversation(dated_conversation(f"conv_{n}", 100 + n))
+    running = dated("resp_running", 50)
+    running.lease_until = 1.0
+    await store.save(running)
+    assert client.zcard("gateway:index:responses") == 31 and client.zcard("gateway:index:conversations") == 30
+    for key in client.scan_iter("gateway:response:*"):  # Redis expires them (its clock), and the gateway's clock moves on
+        if client.pttl(key) > 0:
+            client.delete(key)
+    for key in client.scan_iter("gateway:conversation:*"):
+        client.delete(key)
+    now[0] += TTL + 1
+    await store.save(dated("resp_new", 500))
+    await store.save_conversation(dated_conversation("conv_new", 500))
+    # Each write drops a few; a listing drops what it finds gone.
+    assert client.zcard("gateway:index:responses") == 31 + 1 - 20
+    assert [r.id for r in await store.list_responses()] == ["resp_new", "resp_running"]
+    assert client.zcard("gateway:index:responses") == 2  # the running one stays: it does not expire
+    assert [c.id for c in await store.list_conversations()] == ["conv_new"]
+    assert client.zcard("gateway:index:conversations") == 1
+    client.close()
+    await store.aclose()

@@ -11,7 +11,7 @@ also served without it, for clients configured without the `/v1`.
 
 from __future__ import annotations
 
-from . import chat, conversations, messages, models, operator, relay, responses, stored
+from . import chat, console, conversations, messages, models, operator, relay, responses, stored
 from .routes import Route
 
 __all__ = ["ROUTES"]
@@ -52,4 +52,28 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/health", operator.health, unversioned=False, auth="anyone"),
     Route("GET", "/ready", operator.ready, unversioned=False, auth="anyone"),
     Route("GET", "/metrics", operator.metrics, unversioned=False, auth="own token"),
+    # the operator console (gateway/console): each handler checks the operator's credential itself
+    *(
+        Route(method, path, handler, unversioned=False, auth="operator")
+        for method, path, handler in (
+            ("GET", "/console", console.overview),
+            ("GET", "/console/login", console.login_form),
+            ("POST", "/console/login", console.login),
+            ("POST", "/console/logout", console.logout),
+            ("GET", "/console/backends", console.backends),
+            ("GET", "/console/keys", console.keys),
+            ("POST", "/console/keys", console.create_key),
+            ("POST", "/console/keys/{name}/revoke", console.revoke_key),
+            ("POST", "/console/keys/{name}/limits", console.key_limits),
+            ("GET", "/console/streams", console.streams),
+            ("GET", "/console/responses", console.responses_page),
+            ("GET", "/console/responses/{response_id}", console.response),
+            ("GET", "/console/conversations", console.conversations),
+            ("GET", "/console/conversations/{conversation_id}", console.conversation),
+            ("GET", "/console/mcp", console.mcp),
+            ("GET", "/console/playground", console.playground),
+            ("POST", "/console/playground/{api}", console.playground_send),
+            ("GET", "/console/static/{name}", console.static),
+        )
+    ),
 )

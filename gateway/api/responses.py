@@ -78,4 +78,6 @@ async def compact(call: Call) -> DeferredHeadBody:
 async def socket(socket: Socket) -> None:
     batch = extension(socket.scope, BATCH)
     hold = batch["hold"] if batch else None
-    await serve_asgi_websocket(socket.shared.resources, socket.ctx, socket.receive, socket.send, hold)
+    await serve_asgi_websocket(
+        socket.shared.resources, socket.ctx, socket.receive, socket.send, hold, socket.shared.heartbeats
+    )

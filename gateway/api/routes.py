@@ -22,6 +22,8 @@ from ..turn.context import RequestContext
 from ..wire import decode_json_object
 
 if TYPE_CHECKING:
+    from ..keys import KeyRing
+    from ..observe.usage import UsageLedger
     from ..transport.background import BackgroundRunner
     from ..transport.body import DeferredHeadBody
     from ..transport.heartbeats import Heartbeats
@@ -45,12 +47,19 @@ class Services(Protocol):
     @property
     def readiness(self) -> Any: ...  # `report()`: whether the gateway is ready, and why
 
+    @property
+    def usage(self) -> UsageLedger: ...  # each key's use by the minute, the backends' recent errors
+
+    @property
+    def keyring(self) -> KeyRing: ...  # who a key is (the console's admin keys, and the keys it manages)
+
 # How a row is served: by the framework's router (Quart, the design card's), or looked up by its
 # exact method and path ahead of it, where the bench shows the router's cost (the row says how much).
 Served = Literal["framework", "ahead"]
-# Who may call a row: a caller with an API key (when keys are on), anyone (the probes), or whoever
-# has the route's own token when one is configured (/metrics: METRICS_TOKEN), else a key.
-Auth = Literal["key", "anyone", "own token"]
+# Who may call a row: a caller with an API key (when keys are on), anyone (the probes), whoever
+# has the route's own token when one is configured (/metrics: METRICS_TOKEN), else a key, or the
+# operator, whom the row's handler itself checks (the console: CONSOLE_TOKEN or an admin key).
+Auth = Literal["key", "anyone", "own token", "operator"]
 
 
 @dataclass

@@ -10,7 +10,8 @@ framework leave open:
 - a request that came back through this gateway is refused (508, see
   `gateway.ops.loops`), and the gateways a request passed go with its backend calls;
 - the caller is identified (API keys) and counted (requests per minute)
-  before any route runs; the key's rate-limit headers go with the answer;
+  before any route runs; the key's rate-limit headers go with the answer
+  (the operator's rows, the console's, check their own credential instead);
 - concurrent WebSockets are capped (`WEBSOCKET_MAX_CONNECTIONS`): over the
   cap the handshake is answered 429;
 - nothing the app raises reaches the server: before the response started
@@ -129,7 +130,7 @@ class Edge:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         began = trio.current_time()
         request_id = _request_id(scope)
-        route, dialect = self._note_route(scope)
+        route, dialect, operator = self._note_route(scope)
         scope["gateway"]["arrived"] = began  # what the gateway adds to a response is counted from here
         status = 500
         # Anthropic's clients read the id from `request-id` (the SDKs' `_request_id`).
@@ -152,7 +153,7 @@ class Edge:
         headers = scope.get("headers", ())
         with self._telemetry.server_span(f"{scope.get('method', '')} {route}", headers, route=route, request_id=request_id):
             try:
-                await self._guarded_http(scope, receive, send_with_id)
+                await self._guarded_http(scope, receive, send_with_id, operator)
             finally:  # inside the span: the trace records the status too
                 self._telemetry.http_request(
                     route=route,
@@ -162,7 +163,7 @@ class Edge:
                     key=(scope.get("gateway") or {}).get("key_name"),
                 )
 
-    async def _guarded_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _guarded_http(self, scope: Scope, receive: Receive, send: Send, operator: bool) -> None:
         allowed_origin = self._cors.origin(scope)
         if allowed_origin is not None:
             send = _with_headers(send, self._cors.headers(allowed_origin))
@@ -179,7 +180,8 @@ class Edge:
             return
         path = scope.get("path", "")
         if path not in self._open_paths:
-            refusal = await self._admit(scope)
+            # The operator's rows (the console) check their own credential, never an API key's.
+            refusal = ShuttingDown.refusal() if operator and self._draining() else None if operator else await self._admit(scope)
             if refusal is not None:
                 await send_error(send, refusal, close=isinstance(refusal, ShuttingDown), where=where_of(scope), **_shape(scope))
                 return
@@ -234,13 +236,14 @@ class Edge:
             return error
         return None
 
-    def _note_route(self, scope: Scope) -> tuple[str, Dialect]:
-        """The request's route label and the shape of its errors, looked up once, noted for the app."""
+    def _note_route(self, scope: Scope) -> tuple[str, Dialect, bool]:
+        """The request's route label, the shape of its errors and whether its row checks the
+        operator itself, looked up once (the first two noted for the app)."""
         found = self._routes.find(scope.get("path", ""))
         label, route_dialect = (found[0], found[1].dialect) if found is not None else ("other", "openai")
         dialect = dialect_of(route_dialect, scope.get("headers", ()))
         scope.setdefault("gateway", {})["dialect"] = dialect
-        return label, dialect
+        return label, dialect, found is not None and found[1].auth == "operator"
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._note_route(scope)

@@ -30,6 +30,7 @@ from ..errors import GatewayError, StoreUnavailable
 from ..keys import KeyRing, KeyStore, Limiter, parse_static_keys
 from ..keys.stores import open_key_store
 from ..observe import Telemetry
+from ..observe.usage import UsageLedger, ledger_of
 from ..ops.drain import Drain
 from ..ops.logs import add_log_secrets
 from ..ops.redact import Redactor
@@ -57,6 +58,7 @@ class Shared:
     readiness: Readiness
     heartbeats: Heartbeats
     runner: BackgroundRunner
+    usage: UsageLedger  # each key's use by the minute, the backends' recent errors (this process's)
 
     async def authenticate(self, scope: Any) -> None:
         """Who the request comes from (`scope["gateway"]["caller"]`), and its requests per minute
@@ -217,7 +219,9 @@ class Lifespan:
             web_search=web_search,
             pages=pages,
         )
-        self._shared = Shared(resources, keyring, limiter, readiness, heartbeats, runner)
+        # The ledger `build_telemetry` installed; an app given another telemetry gets an empty one.
+        usage = ledger_of(self.telemetry) or UsageLedger()
+        self._shared = Shared(resources, keyring, limiter, readiness, heartbeats, runner, usage)
         return self._shared
 
     async def close(self) -> None:

@@ -8,6 +8,8 @@
                 minute, concurrent streams, models, MCP servers)
     stores.py   where keys and counters live: memory, SQLite, Redis (shared by
                 every instance, so limits hold across them)
+    admin.py    the one place keys change (created, changed, rotated, revoked):
+                `gateway keys`, the console and `gateway launch` use it
     cli.py      `gateway keys create | list | update | rotate | revoke | auth`
 """
 

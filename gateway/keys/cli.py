@@ -1,11 +1,13 @@
 """`gateway keys`: API keys in the configured store, and whether the gateway requires one.
 
-    gateway keys create NAME [limits]     make a key, print it once
-    gateway keys list                     every key: state, created, tokens used, limits
-    gateway keys update NAME [limits]     change a key's limits (the others stay)
-    gateway keys rotate NAME              a new secret for the key (the old one stops at once)
-    gateway keys revoke NAME              refuse the key from its next request
-    gateway keys auth [on|off]            show or set whether every request needs a key
+    gateway keys create NAME [limits] [--admin]       make a key, print it once
+    gateway keys list                                 every key: state, created, tokens used, limits, admin
+    gateway keys update NAME [limits] [--[no-]admin]  change a key's limits or admin flag (the others stay)
+    gateway keys rotate NAME                          a new secret for the key (the old one stops at once)
+    gateway keys revoke NAME                          refuse the key from its next request
+    gateway keys auth [on|off]                        show or set whether every request needs a key
+
+    --admin: an operator's key, which the operator console accepts
 
     limits: --rpm N  --tpm N  --concurrency N  --reserve N   (N, or 'none' to lift it in update)
             --models GLOB,...|all|none  --mcp-servers NAME,...|all|none  --[no-]hosted-mcp
@@ -23,14 +25,13 @@ import argparse
 import dataclasses
 import sys
 import time
-import uuid
 from typing import Any
 
 import trio
 
 from ..config import ConfigError, Settings, load_settings
 from ..errors import GatewayError
-from . import AUTH_OFF, AUTH_ON, ApiKey, KeyLimits, KeyStore, Limiter, check_key_name, digest, new_secret
+from . import AUTH_OFF, AUTH_ON, KeyLimits, KeyStore, Limiter, admin, check_key_name
 
 __all__ = ["add_arguments", "main"]
 
@@ -41,10 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     create = commands.add_parser("create", help="make a key and print it (once)")
     create.add_argument("name", type=_name, help="a name for the key (shown in logs and metrics)")
+    create.add_argument("--admin", action="store_true", help="an operator's key: the console accepts it")
     _limit_options(create)
     commands.add_parser("list", help="every key: name, limits, tokens used, revoked or not")
     update = commands.add_parser("update", help="change a key's limits (options not given stay as they are)")
     update.add_argument("name", type=_name)
+    update.add_argument(
+        "--admin", action=argparse.BooleanOptionalAction, default=None, help="make it an operator's key, or not (the console)"
+    )
     _limit_options(update)
     rotate = commands.add_parser("rotate", help="give a key a new secret (printed once); the old one stops at once")
     rotate.add_argument("name", type=_name)
@@ -159,17 +164,14 @@ def _say(store: KeyStore, text: str) -> None:
 
 
 async def _create(args: argparse.Namespace, store: KeyStore) -> int:
-    existing = await store.by_name(args.name)
-    if existing is not None and existing.active:
+    limits = _limits(args, KeyLimits())
+    made = await admin.create_key(store, args.name, limits=limits, admin=args.admin, now=time.time())
+    if made is None:
         print(f"gateway: a key named {args.name!r} exists in {store.location}; revoke it first", file=sys.stderr)
         return 2
-    secret = new_secret()
-    limits = _limits(args, KeyLimits())
-    key = ApiKey(name=args.name, id=f"key_{uuid.uuid4().hex}", digest=digest(secret), created_at=time.time(), limits=limits)
-    await store.put(key)
-    await store.set_auth(AUTH_ON)  # configuring a key turns authentication on (see gateway.keys)
+    key, secret = made
     print(secret)
-    _say(store, f"created key {key.name!r} ({limits.describe()}); this is the only time it is shown")
+    _say(store, f"created {'admin ' if key.admin else ''}key {key.name!r} ({limits.describe()}); this is the only time it is shown")
     return 0
 
 
@@ -185,45 +187,41 @@ async def _list(args: argparse.Namespace, store: KeyStore) -> int:
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(key.created_at))
         tokens = await limiter.tokens_used(key)
         status = "active" if key.active else "revoked"
-        print(f"{key.name}\t{status}\tcreated {created}Z\ttokens {tokens}\t{key.limits.describe()}")
+        role = "\tadmin" if key.admin else ""
+        print(f"{key.name}\t{status}\tcreated {created}Z\ttokens {tokens}\t{key.limits.describe()}{role}")
     return 0
 
 
-async def _active(store: KeyStore, name: str) -> ApiKey | None:
-    found = await store.by_name(name)
-    if found is None or not found.active:
-        print(f"gateway: no active key named {name!r} in {store.location}", file=sys.stderr)
-        return None
-    return found
+def _no_key(store: KeyStore, name: str) -> int:
+    print(f"gateway: no active key named {name!r} in {store.location}", file=sys.stderr)
+    return 2
 
 
 async def _update(args: argparse.Namespace, store: KeyStore) -> int:
-    found = await _active(store, args.name)
-    if found is None:
-        return 2
-    limits = _limits(args, found.limits)
-    await store.put(dataclasses.replace(found, limits=limits))
-    _say(store, f"updated key {found.name!r}: {limits.describe()}")
+    found = await store.by_name(args.name)
+    if found is None or not found.active:
+        return _no_key(store, args.name)
+    changed = await admin.change_key(store, args.name, limits=_limits(args, found.limits), admin=args.admin)
+    if changed is None:
+        return _no_key(store, args.name)
+    _say(store, f"updated {'admin ' if changed.admin else ''}key {changed.name!r}: {changed.limits.describe()}")
     return 0
 
 
 async def _rotate(args: argparse.Namespace, store: KeyStore) -> int:
-    found = await _active(store, args.name)
-    if found is None:
-        return 2
-    secret = new_secret()
-    # The id stays: the key's stored responses, counters and slots are still its own.
-    await store.put(dataclasses.replace(found, digest=digest(secret)))
+    rotated = await admin.rotate_key(store, args.name)
+    if rotated is None:
+        return _no_key(store, args.name)
+    key, secret = rotated
     print(secret)
-    _say(store, f"rotated key {found.name!r}: the old secret is refused from now on; this is the only time the new one is shown")
+    _say(store, f"rotated key {key.name!r}: the old secret is refused from now on; this is the only time the new one is shown")
     return 0
 
 
 async def _revoke(args: argparse.Namespace, store: KeyStore) -> int:
-    found = await _active(store, args.name)
-    if found is None:
-        return 2
-    await store.put(dataclasses.replace(found, revoked_at=time.time()))
+    revoked = await admin.revoke_key(store, args.name, now=time.time())
+    if revoked is None:
+        return _no_key(store, args.name)
     left = sum(key.active for key in await store.all())
     after = (
         f"{left} active key{'s' if left != 1 else ''} left"
@@ -231,7 +229,7 @@ async def _revoke(args: argparse.Namespace, store: KeyStore) -> int:
         else "no active key left: nobody can call the gateway until a key is created "
         "(or authentication is turned off with `gateway keys auth off`)"
     )
-    _say(store, f"revoked key {found.name!r}; {after}")
+    _say(store, f"revoked key {revoked.name!r}; {after}")
     return 0
 
 

@@ -126,6 +126,8 @@ class ApiKey:
     created_at: float
     limits: KeyLimits = field(default_factory=KeyLimits)
     revoked_at: float | None = None
+    # An operator's key: the console takes it as the operator's credential.
+    admin: bool = False
 
     @property
     def active(self) -> bool:
@@ -156,6 +158,7 @@ class ApiKey:
             created_at=float(data["created_at"]),
             limits=limits,
             revoked_at=data.get("revoked_at"),
+            admin=bool(data.get("admin", False)),  # absent in keys stored before the flag: not admin
         )
 
 
@@ -183,6 +186,12 @@ class Caller:
     @property
     def limits(self) -> KeyLimits:
         return self.key.limits if self.key is not None else _NO_LIMITS
+
+    @property
+    def admin(self) -> bool:
+        """Whether this caller is an operator (a stored key with the admin flag; never anonymous
+        or a static `GATEWAY_API_KEYS` key)."""
+        return self.key is not None and self.key.admin
 
 
 ANONYMOUS = Caller()

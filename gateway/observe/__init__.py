@@ -6,6 +6,7 @@ Implementations override what they need:
 
     metrics.py   Prometheus counters, histograms and gauges (`/metrics`)
     tracing.py   OpenTelemetry spans, exported over OTLP
+    usage.py     each key's use by the minute and the backends' recent errors (the console's)
 
 `Telemetries` fans out to several.  A hook never raises into the request
 path and never receives prompt text.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -56,8 +57,9 @@ class Telemetry:
     def heartbeat(self) -> None:
         """A keep-alive comment was written to a client."""
 
-    def backend_error(self, kind: str) -> None:
-        """A backend call failed (`kind`: the error code, such as `backend_timeout`)."""
+    def backend_error(self, kind: str, *, route: str | None = None) -> None:
+        """A backend call failed (`kind`: the error code, such as `backend_timeout`; `route`: the
+        model the request asked for, when known)."""
 
     def mcp_call(self, *, server: str, tool: str, outcome: str, seconds: float) -> None:
         """A gateway tool call ended (`outcome`: `ok`, `error` or `timeout`)."""
@@ -93,20 +95,38 @@ _NO_SPAN: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 
 
 class Telemetries(Telemetry):
-    """Several telemetries as one; a hook that fails is logged and skipped."""
+    """Several telemetries as one; a hook that fails is logged and skipped.
+
+    Each hook calls only the parts that override it (found once, here): the usage ledger is
+    always one of the parts, and the request path should not pay for the others' no-ops.
+    """
 
     def __init__(self, parts: Sequence[Telemetry]) -> None:
-        self.parts = list(parts)
+        self.parts = tuple(parts)
+        self._hooks: dict[str, tuple[Callable[..., Any], ...]] = {
+            name: tuple(getattr(part, name) for part in self.parts if _overrides(part, name)) for name in _HOOKS
+        }
+        self._spans = tuple(part for part in self.parts if _overrides(part, "span"))
+        self._server_spans = tuple(part for part in self.parts if _overrides(part, "server_span"))
+        # The hooks of every request, looked up once (a measurable part of a request's cost).
+        self._on_http_request = self._hooks["http_request"]
+        self._on_turn_started = self._hooks["turn_started"]
+        self._on_turn_finished = self._hooks["turn_finished"]
+        self._on_store_operation = self._hooks["store_operation"]
 
     def _each(self, name: str, *args: Any, **kwargs: Any) -> None:
-        for part in self.parts:
+        for hook in self._hooks[name]:
             try:
-                getattr(part, name)(*args, **kwargs)
+                hook(*args, **kwargs)
             except Exception:
                 log.debug("telemetry hook %s failed", name, exc_info=True)
 
     def http_request(self, **kwargs: Any) -> None:
-        self._each("http_request", **kwargs)
+        for hook in self._on_http_request:
+            try:
+                hook(**kwargs)
+            except Exception:
+                log.debug("telemetry hook http_request failed", exc_info=True)
 
     def websocket_opened(self) -> None:
         self._each("websocket_opened")
@@ -115,16 +135,24 @@ class Telemetries(Telemetry):
         self._each("websocket_closed")
 
     def turn_started(self, outcome: TurnOutcome) -> None:
-        self._each("turn_started", outcome)
+        for hook in self._on_turn_started:
+            try:
+                hook(outcome)
+            except Exception:
+                log.debug("telemetry hook turn_started failed", exc_info=True)
 
     def turn_finished(self, outcome: TurnOutcome) -> None:
-        self._each("turn_finished", outcome)
+        for hook in self._on_turn_finished:
+            try:
+                hook(outcome)
+            except Exception:
+                log.debug("telemetry hook turn_finished failed", exc_info=True)
 
     def heartbeat(self) -> None:
         self._each("heartbeat")
 
-    def backend_error(self, kind: str) -> None:
-        self._each("backend_error", kind)
+    def backend_error(self, kind: str, *, route: str | None = None) -> None:
+        self._each("backend_error", kind, route=route)
 
     def mcp_call(self, **kwargs: Any) -> None:
         self._each("mcp_call", **kwargs)
@@ -133,21 +161,27 @@ class Telemetries(Telemetry):
         self._each("web_tool", **kwargs)
 
     def store_operation(self, **kwargs: Any) -> None:
-        self._each("store_operation", **kwargs)
+        for hook in self._on_store_operation:
+            try:
+                hook(**kwargs)
+            except Exception:
+                log.debug("telemetry hook store_operation failed", exc_info=True)
 
-    @contextlib.contextmanager
-    def server_span(self, name: str, headers: Iterable[tuple[bytes, bytes]], **attributes: Any) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            for part in self.parts:
-                stack.enter_context(part.server_span(name, headers, **attributes))
-            yield
+    def server_span(
+        self, name: str, headers: Iterable[tuple[bytes, bytes]], **attributes: Any
+    ) -> contextlib.AbstractContextManager[None]:
+        if not self._server_spans:
+            return _NO_SPAN
+        if len(self._server_spans) == 1:
+            return self._server_spans[0].server_span(name, headers, **attributes)
+        return _nested(part.server_span(name, headers, **attributes) for part in self._server_spans)
 
-    @contextlib.contextmanager
-    def span(self, name: str, **attributes: Any) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            for part in self.parts:
-                stack.enter_context(part.span(name, **attributes))
-            yield
+    def span(self, name: str, **attributes: Any) -> contextlib.AbstractContextManager[None]:
+        if not self._spans:
+            return _NO_SPAN
+        if len(self._spans) == 1:
+            return self._spans[0].span(name, **attributes)
+        return _nested(part.span(name, **attributes) for part in self._spans)
 
     def trace_headers(self) -> dict[str, str]:
         headers: dict[str, str] = {}
@@ -167,10 +201,39 @@ class Telemetries(Telemetry):
             await part.aclose()
 
 
+_HOOKS = (
+    "http_request",
+    "websocket_opened",
+    "websocket_closed",
+    "turn_started",
+    "turn_finished",
+    "heartbeat",
+    "backend_error",
+    "mcp_call",
+    "web_tool",
+    "store_operation",
+)
+
+
+def _overrides(part: Telemetry, name: str) -> bool:
+    return getattr(type(part), name) is not getattr(Telemetry, name)
+
+
+@contextlib.contextmanager
+def _nested(spans: Iterable[contextlib.AbstractContextManager[None]]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for span in spans:
+            stack.enter_context(span)
+        yield
+
+
 def build_telemetry(settings: Settings) -> Telemetry:
-    """The telemetry the settings ask for: Prometheus metrics unless turned off,
-    OpenTelemetry traces when an OTLP endpoint is configured."""
-    parts: list[Telemetry] = []
+    """The telemetry the settings ask for: the usage ledger always (the console's figures,
+    see usage.py), Prometheus metrics unless turned off, OpenTelemetry traces when an OTLP
+    endpoint is configured."""
+    from .usage import UsageLedger
+
+    parts: list[Telemetry] = [UsageLedger()]
     if settings.metrics_enabled:
         from .metrics import PrometheusTelemetry
 
@@ -179,8 +242,6 @@ def build_telemetry(settings: Settings) -> Telemetry:
         from .tracing import OpenTelemetryTracing
 
         parts.append(OpenTelemetryTracing(settings))
-    if not parts:
-        return Telemetry()
     return parts[0] if len(parts) == 1 else Telemetries(parts)
 
 

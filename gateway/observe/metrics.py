@@ -329,7 +329,7 @@ class PrometheusTelemetry(Telemetry):
         self._heartbeats.inc()
 
     @_never_raises
-    def backend_error(self, kind: str) -> None:
+    def backend_error(self, kind: str, *, route: str | None = None) -> None:
         self._backend_errors(self._error_kinds(kind)).inc()
 
     @_never_raises

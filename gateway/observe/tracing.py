@@ -115,7 +115,7 @@ class OpenTelemetryTracing(Telemetry):
             if value is not None:
                 span.set_attribute(name, value)
 
-    def backend_error(self, kind: str) -> None:
+    def backend_error(self, kind: str, *, route: str | None = None) -> None:
         span = trace.get_current_span()
         span.set_attribute("error.type", kind)
         span.set_status(Status(StatusCode.ERROR, kind))

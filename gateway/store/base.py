@@ -22,6 +22,11 @@ running response holds on it), changed only through `update_conversation`
 `StoredThread` (a message thread of the Messages API, under the id of the
 answer it ends with): `save_thread`, `load_thread`, `update_thread`.
 
+Responses and conversations can be listed, newest first (by `created_at`,
+then id), a page at a time (`before`: the id the previous page ended with),
+for the operator; what has expired or was deleted is not listed, and
+threads are not listed at all.
+
 Stores raise `StoreUnavailable` for their library's failures, and nothing
 else.
 
@@ -44,6 +49,7 @@ import zstandard
 from ..errors import StoreUnavailable
 
 __all__ = [
+    "LIST_LIMIT",
     "Change",
     "ConversationChange",
     "OwnerView",
@@ -58,8 +64,23 @@ __all__ = [
     "encode_conversation",
     "encode_record",
     "encode_thread",
+    "list_limit",
+    "response_created_at",
     "save_retrying",
 ]
+
+LIST_LIMIT = 100  # the most a page of `list_responses` / `list_conversations` holds
+
+
+def list_limit(limit: int) -> int:
+    """A page's size as asked for, within 0 and `LIST_LIMIT`."""
+    return max(0, min(int(limit), LIST_LIMIT))
+
+
+def response_created_at(record: StoredResponse) -> float:
+    """What a stored response is listed by: its `created_at` (0 when it has none)."""
+    value = record.response.get("created_at")
+    return float(value) if isinstance(value, int | float) else 0.0
 
 
 @dataclass
@@ -291,6 +312,16 @@ class ResponseStore(Protocol):
     async def update_thread(self, thread_id: str, change: ThreadChange) -> StoredThread | None:
         """Apply `change` to the stored thread atomically; the thread as stored afterwards (None
         when there is none: `change` is not called)."""
+        ...
+
+    async def list_responses(self, *, limit: int = 50, before: str | None = None) -> list[StoredResponse]:
+        """Stored responses, newest first (`response["created_at"]`, then id), at most `limit`
+        (within 0 and `LIST_LIMIT`); with `before`, those after that response in this order (none
+        when it is not stored).  Expired and deleted ones are not listed."""
+        ...
+
+    async def list_conversations(self, *, limit: int = 50, before: str | None = None) -> list[StoredConversation]:
+        """Conversations, newest first (`created_at`, then id), paged as `list_responses`."""
         ...
 
     async def aclose(self) -> None: ...

@@ -90,5 +90,17 @@ class ObservedStore:
         result: StoredThread | None = await self._timed("update_thread", self.inner.update_thread(thread_id, change))
         return result
 
+    async def list_responses(self, *, limit: int = 50, before: str | None = None) -> list[StoredResponse]:
+        result: list[StoredResponse] = await self._timed(
+            "list_responses", self.inner.list_responses(limit=limit, before=before)
+        )
+        return result
+
+    async def list_conversations(self, *, limit: int = 50, before: str | None = None) -> list[StoredConversation]:
+        result: list[StoredConversation] = await self._timed(
+            "list_conversations", self.inner.list_conversations(limit=limit, before=before)
+        )
+        return result
+
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -34,6 +34,10 @@ converts it once sweeps have brought its live data under the limit (or run
 `sqlite3 FILE 'PRAGMA auto_vacuum=INCREMENTAL; VACUUM;'` with the gateway
 stopped).  Rewriting a large file at start-up instead would hold a restart
 up for minutes, and doing it while serving would stop every write as long.
+
+Listing (newest first) reads an index on `created_at` and id, columns
+written with each record; a file from before them gains them at start-up,
+filled in from its records.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ from .base import (
     encode_conversation,
     encode_thread,
     encode_record,
+    list_limit,
+    response_created_at,
 )
 
 T = TypeVar("T")
@@ -106,6 +112,12 @@ CREATE INDEX IF NOT EXISTS threads_by_age ON threads(saved_at);
 _LEASES = """
 CREATE INDEX IF NOT EXISTS responses_by_lease ON responses(lease_until) WHERE lease_until IS NOT NULL;
 """
+# Added for listing: existing files gain the columns (filled in from their records) at start-up.
+_LISTING = """
+CREATE INDEX IF NOT EXISTS responses_by_created ON responses(created_at, id);
+CREATE INDEX IF NOT EXISTS conversations_by_created ON conversations(created_at, id);
+"""
+_FILL_BATCH = 500  # records given their created_at per transaction, in a file from before the column
 
 
 class SQLiteFile:
@@ -250,6 +262,7 @@ class SQLiteStore:
     def _setup(self, conn: sqlite3.Connection) -> None:
         _retry_locked(lambda: conn.executescript(_SCHEMA))
         _retry_locked(lambda: self._add_lease_column(conn))
+        _retry_locked(lambda: self._add_created_columns(conn))
         _retry_locked(lambda: self._switch_to_incremental_vacuum(conn))
 
     @staticmethod
@@ -262,6 +275,35 @@ class SQLiteStore:
                 if "duplicate column" not in str(exc):  # another worker added it first
                     raise
         conn.executescript(_LEASES)
+
+    @staticmethod
+    def _add_created_columns(conn: sqlite3.Connection) -> None:
+        """The `created_at` columns listing sorts by, and their index; in a file from before them,
+        filled in from the records (once: a record written since carries its own)."""
+        for table in ("responses", "conversations"):
+            columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            if "created_at" not in columns:
+                try:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN created_at REAL")
+                except sqlite3.OperationalError as exc:
+                    if "duplicate column" not in str(exc):  # another worker added it first
+                        raise
+        filled = 0
+        for table, created in (("responses", _response_created), ("conversations", _conversation_created)):
+            while True:
+                with _transaction(conn):
+                    rows = conn.execute(
+                        f"SELECT id, data FROM {table} WHERE created_at IS NULL LIMIT {_FILL_BATCH}"
+                    ).fetchall()
+                    conn.executemany(
+                        f"UPDATE {table} SET created_at = ? WHERE id = ?", [(created(row[1]), row[0]) for row in rows]
+                    )
+                filled += len(rows)
+                if len(rows) < _FILL_BATCH:
+                    break
+        conn.executescript(_LISTING)
+        if filled:
+            log.info("the SQLite store's %d records were dated for listing", filled)
 
     def _switch_to_incremental_vacuum(self, conn: sqlite3.Connection) -> None:
         """Rewrite a file an earlier version created without auto-vacuum, if small enough (module docstring)."""
@@ -322,8 +364,8 @@ class SQLiteStore:
     def _write(self, conn: sqlite3.Connection, data: bytes, record: StoredResponse) -> None:
         response_id = record.id
         conn.execute(
-            "INSERT OR REPLACE INTO responses (id, data, saved_at, lease_until) VALUES (?, ?, ?, ?)",
-            (response_id, data, self._clock(), record.lease_until),
+            "INSERT OR REPLACE INTO responses (id, data, saved_at, lease_until, created_at) VALUES (?, ?, ?, ?, ?)",
+            (response_id, data, self._clock(), record.lease_until, response_created_at(record)),
         )
         conn.execute("DELETE FROM items WHERE response_id = ?", (response_id,))
         conn.executemany(
@@ -391,16 +433,16 @@ class SQLiteStore:
         return self._load(conn, row[0]) if row is not None else None
 
     async def save_conversation(self, conversation: StoredConversation) -> None:
-        await self._run(self._write_conversation, encode_conversation(conversation), conversation.id)
+        await self._run(self._write_conversation, encode_conversation(conversation), conversation)
 
-    def _write_conversation(self, conn: sqlite3.Connection, data: bytes, conversation_id: str) -> None:
+    def _write_conversation(self, conn: sqlite3.Connection, data: bytes, conversation: StoredConversation) -> None:
         with _transaction(conn):
-            self._put_conversation(conn, data, conversation_id)
+            self._put_conversation(conn, data, conversation)
 
-    def _put_conversation(self, conn: sqlite3.Connection, data: bytes, conversation_id: str) -> None:
+    def _put_conversation(self, conn: sqlite3.Connection, data: bytes, conversation: StoredConversation) -> None:
         conn.execute(
-            "INSERT OR REPLACE INTO conversations (id, data, saved_at) VALUES (?, ?, ?)",
-            (conversation_id, data, self._clock()),
+            "INSERT OR REPLACE INTO conversations (id, data, saved_at, created_at) VALUES (?, ?, ?, ?)",
+            (conversation.id, data, self._clock(), float(conversation.created_at)),
         )
 
     async def load_conversation(self, conversation_id: str) -> StoredConversation | None:
@@ -429,7 +471,7 @@ class SQLiteStore:
             new = change(current)
             if new is None:
                 return current
-            self._put_conversation(conn, encode_conversation(new), conversation_id)
+            self._put_conversation(conn, encode_conversation(new), new)
             return new
 
     async def delete_conversation(self, conversation_id: str) -> bool:
@@ -476,6 +518,31 @@ class SQLiteStore:
                 return current
             self._put_thread(conn, encode_thread(new), thread_id)
             return new
+
+    async def list_responses(self, *, limit: int = 50, before: str | None = None) -> list[StoredResponse]:
+        rows = await self._run(self._list, "responses", "lease_until IS NOT NULL OR ", limit, before)
+        return [decode_record(row) for row in rows]
+
+    async def list_conversations(self, *, limit: int = 50, before: str | None = None) -> list[StoredConversation]:
+        rows = await self._run(self._list, "conversations", "", limit, before)
+        return [decode_conversation(row) for row in rows]
+
+    def _list(self, conn: sqlite3.Connection, table: str, kept: str, limit: int, before: str | None) -> list[bytes]:
+        """A page of `table`'s records, newest first, leaving out the expired (`kept`: what keeps
+        a record past its TTL: a lease)."""
+        where, args = [], []
+        if before is not None:
+            row = conn.execute(f"SELECT created_at FROM {table} WHERE id = ?", (before,)).fetchone()
+            if row is None:
+                return []
+            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            args += [row[0], row[0], before]
+        if self._ttl is not None:
+            where.append(f"({kept}saved_at >= ?)")
+            args.append(self._clock() - self._ttl)
+        sql = f"SELECT data FROM {table}" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+        return [bytes(row[0]) for row in conn.execute(sql, (*args, list_limit(limit))).fetchall()]
 
     def _past_ttl(self, saved_at: float, lease_until: float | None) -> bool:
         """Expired: written more than `ttl` ago, and not running (a running response's lease is set)."""
@@ -576,6 +643,20 @@ class SQLiteStore:
     async def aclose(self) -> None:
         self._maintenance.cancel()
         await self._file.aclose()
+
+
+def _response_created(data: bytes) -> float:
+    try:
+        return response_created_at(decode_record(bytes(data)))
+    except Exception:  # a record that cannot be read is listed last (loading it still fails as before)
+        return 0.0
+
+
+def _conversation_created(data: bytes) -> float:
+    try:
+        return float(decode_conversation(bytes(data)).created_at)
+    except Exception:
+        return 0.0
 
 
 def _pragma(conn: sqlite3.Connection, name: str) -> int:

@@ -21,21 +21,46 @@ The ticker is run by whoever owns the streams (the app's nursery); the
 tick is a sixteenth of the interval, so a quiet stream hears from the gateway
 within 1.0625 intervals plus however late the loop is (a tick looks only at
 the streams due then, so finer ticks cost nothing per stream).
+
+Since every open stream is on the wheel, the wheel is also where the
+operator's list of live streams comes from (`open_streams`): each stream
+describes itself (`Described.open_stream`) from what it already keeps.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import trio
 
-__all__ = ["Beating", "Heartbeats", "Ticket"]
+__all__ = ["Beating", "Described", "Heartbeats", "OpenStream", "Ticket"]
+
+
+@dataclass(frozen=True)
+class OpenStream:
+    """A live stream as the operator sees it (times in seconds)."""
+
+    transport: str  # "sse" (Responses), "chat" (chat completions), "messages" (Anthropic), "relay" (a relayed body)
+    route: str  # the request's path (`/v1/responses`, `/v1/chat/completions`, ...)
+    model: str | None
+    key: str | None  # the API key's name (None: no key)
+    age: float  # since the stream opened
+    silence: float  # since it last sent the client events (keep-alives are not events: the client still waits)
+    longest_silence: float  # the longest such gap so far, the current one included
+    events: int  # events sent (a relay: pieces of the body relayed)
 
 
 class Beating(Protocol):
     def beat(self, now: float, stall_timeout: float | None) -> float | None:
         """Send a keep-alive if due (or close a stalled stream); when to look again, None when over."""
+        ...
+
+
+class Described(Protocol):
+    def open_stream(self, now: float) -> OpenStream | None:
+        """The stream as `Heartbeats.open_streams` lists it; None once it is over."""
         ...
 
 
@@ -70,6 +95,20 @@ class Heartbeats:
         ticket = Ticket(stream)
         self._put(ticket, due)
         return ticket
+
+    def open_streams(self, now: float | None = None) -> list[OpenStream]:
+        """Every open stream on the wheel that describes itself, the oldest first (`now`: trio time)."""
+        now = trio.current_time() if now is None else now
+        found: list[OpenStream] = []
+        for tickets in list(self._wheel.values()):
+            for ticket in tickets:
+                describe = getattr(ticket.stream, "open_stream", None)  # (None: a cancelled ticket)
+                if describe is not None:
+                    stream = describe(now)
+                    if stream is not None:
+                        found.append(stream)
+        found.sort(key=lambda stream: -stream.age)
+        return found
 
     def _put(self, ticket: Ticket, due: float) -> None:
         slot = math.ceil(due / self._period - 1e-9)

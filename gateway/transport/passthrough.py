@@ -43,7 +43,7 @@ from ..streams.usage import UsageMeter
 from ..turn import Resources
 from ..turn.relay import Relay
 from .body import DeferredHeadBody
-from .heartbeats import Heartbeats, Ticket
+from .heartbeats import Heartbeats, OpenStream, Ticket
 from .render import answer
 
 __all__ = ["GATHER", "GATHER_AFTER", "PassthroughBody", "passthrough"]
@@ -80,6 +80,9 @@ class PassthroughBody(DeferredHeadBody):
         self._ending = b""  # what an event stream needs before a last event (a blank line)
         self._data_timeout: float | None = None
         self._data_at = 0.0  # when data last came
+        self._opened_at = 0.0  # for the operator's list of live streams (`open_stream`)
+        self._longest_silence = 0.0  # the longest gap between data
+        self._pieces = 0  # pieces of data relayed
         self._counted = False  # the backend's waits are in the outcome
         self._gather_until = 0.0  # the next read waits until then (the backend is ahead)
 
@@ -108,7 +111,7 @@ class PassthroughBody(DeferredHeadBody):
             self._events = "text/event-stream" in str(self._upstream.headers.get("content-type", ""))
             self._meter = UsageMeter(events=self._events)
             self._data_timeout = getattr(self._upstream, "data_timeout", None)
-            self._data_at = trio.current_time()
+            self._data_at = self._opened_at = trio.current_time()
             if self._data_timeout:
                 self._ticket = self._heartbeats.add(self, self._data_at + self._data_timeout)
             if relay.outcome is not None:
@@ -137,6 +140,24 @@ class PassthroughBody(DeferredHeadBody):
         self._timed_out = True
         self._interrupt()
         return None
+
+    def open_stream(self, now: float) -> OpenStream | None:
+        """The relay as the operator's list of live streams shows it (silence: since the backend's
+        last data; keep-alive comments are not data); None once it is over."""
+        if self._chunks is None:
+            return None
+        outcome = self._relay.outcome
+        silence = max(0.0, now - self._data_at)
+        return OpenStream(
+            transport="relay",
+            route=f"/v1/{self._relay.path}",
+            model=outcome.model if outcome is not None else None,
+            key=self._relay.caller.name,
+            age=max(0.0, now - self._opened_at),
+            silence=silence,
+            longest_silence=max(self._longest_silence, silence),
+            events=self._pieces,
+        )
 
     def _interrupt(self) -> None:
         # (Run by the ticker and the drain: never raises.)
@@ -193,7 +214,11 @@ class PassthroughBody(DeferredHeadBody):
             else:
                 assert self._meter is not None
                 if self._meter.feed(data):
-                    now = self._data_at = trio.current_time()
+                    now = trio.current_time()
+                    if now - self._data_at > self._longest_silence:
+                        self._longest_silence = now - self._data_at
+                    self._data_at = now
+                    self._pieces += 1
                     if self._relay.outcome is not None:
                         self._relay.outcome.note_events(now, True)
                 if self._events:

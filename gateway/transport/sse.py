@@ -38,7 +38,7 @@ from ..turn import Turn
 from ..turn.base import Delivery
 from ..turn.chat import ChatTurn
 from .body import DeferredHeadBody, Write
-from .heartbeats import Heartbeats, Ticket
+from .heartbeats import Heartbeats, OpenStream, Ticket
 from .leaving import Watch
 from .render import Dialect, answer
 
@@ -84,8 +84,14 @@ class EventChannelBody(DeferredHeadBody):
         self._telemetry = telemetry or Telemetry()
         self._out_recv: trio.MemoryReceiveChannel[bytes] | None = None
         self._beat_send: trio.MemorySendChannel[bytes] | None = None  # the ticker's way in
-        self._last_write = 0.0
+        self._last_write = 0.0  # a write, or a keep-alive queued (the ticker's reckoning)
         self._handed_at: float | None = None  # a write is with the HTTP layer since then
+        # For the operator's list of live streams (Heartbeats.open_streams):
+        self._opened_at = 0.0
+        self._wrote_at = 0.0  # the last write with events in it (a keep-alive alone ends no silence)
+        self._longest_silence = 0.0  # the longest gap between two such writes
+        self._pinged = False  # a keep-alive was queued since the last write
+        self.events = 0  # events the producer queued
         self._nursery: trio.Nursery | None = None
         self._over = False
         self._beats_over = False
@@ -98,7 +104,7 @@ class EventChannelBody(DeferredHeadBody):
         raise NotImplementedError
 
     async def serve(self, write: Write, watch: Watch | None = None) -> None:
-        self._last_write = now = trio.current_time()
+        self._last_write = self._opened_at = self._wrote_at = now = trio.current_time()
         out_send: trio.MemorySendChannel[bytes]
         out_send, out_recv = trio.open_memory_channel(256)  # (unsubscripted: no typing work per stream)
         self._out_recv = out_recv
@@ -182,7 +188,14 @@ class EventChannelBody(DeferredHeadBody):
                 parts.append(receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-        self._last_write = trio.current_time()
+        now = self._last_write = trio.current_time()
+        if self._pinged:  # (rare: a quiet stream)
+            self._pinged = False
+            if len(parts) == 1:  # the keep-alive alone: the client still waits for events
+                return first
+        if now - self._wrote_at > self._longest_silence:
+            self._longest_silence = now - self._wrote_at
+        self._wrote_at = now
         return first if len(parts) == 1 else b"".join(parts)
 
     def keep_alive(self) -> bytes:
@@ -212,6 +225,7 @@ class EventChannelBody(DeferredHeadBody):
         except trio.WouldBlock:
             pass  # a full queue is on its way to the client already
         else:
+            self._pinged = True
             self._telemetry.heartbeat()
         self._last_write = now
         return now + self._interval
@@ -240,6 +254,7 @@ class TurnStream(EventChannelBody):
     """
 
     dialect: Dialect | None = None
+    transport = route = ""  # how the operator's list of live streams names it (see `open_stream`)
 
     def __init__(self, turn: Any, *, heartbeats: Heartbeats, request_id: str | None = None) -> None:
         super().__init__(heartbeats, turn.resources.telemetry)
@@ -275,6 +290,23 @@ class TurnStream(EventChannelBody):
             return data
         return await super().__anext__()
 
+    def open_stream(self, now: float) -> OpenStream | None:
+        """The stream as the operator's list shows it; None once it is over."""
+        if self._over:
+            return None
+        outcome = self.turn.outcome
+        silence = max(0.0, now - self._wrote_at)
+        return OpenStream(
+            transport=self.transport,
+            route=self.route,
+            model=outcome.model,
+            key=outcome.key,
+            age=max(0.0, now - self._opened_at),
+            silence=silence,
+            longest_silence=max(self._longest_silence, silence),
+            events=self.events,
+        )
+
     def closed(self) -> None:
         written = self.first_write_at is not None  # a stream lasts until its last write went out
         self.turn.finish(
@@ -292,15 +324,18 @@ class TurnEventStream(TurnStream):
     refusal within the head's wait is its own status)."""
 
     dialect = "openai"
+    transport, route = "sse", "/v1/responses"
 
     def __init__(self, turn: Turn, *, heartbeats: Heartbeats) -> None:
         super().__init__(turn, heartbeats=heartbeats)
 
     async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
         async def emit(events: list[dict[str, Any]]) -> None:
+            self.events += len(events)
             await send_soon(out, b"".join([encode_event(event) for event in events]))
 
         async def emit_obfuscated(events: list[dict[str, Any]]) -> None:
+            self.events += len(events)
             # (padded as they are written: the turn keeps, stores and replays them unpadded)
             chunk = b"".join(
                 [encode_event(obfuscated(e, os.urandom(32)) if e["type"] in OBFUSCATED else e) for e in events]
@@ -323,11 +358,14 @@ class ChatEventStream(TurnStream):
     Heartbeats are SSE comments, so clients wait through tool rounds.
     """
 
+    transport, route = "chat", "/v1/chat/completions"
+
     def __init__(self, turn: ChatTurn, *, heartbeats: Heartbeats) -> None:
         super().__init__(turn, heartbeats=heartbeats)
 
     async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
         async def emit(chunks: list[dict[str, Any]]) -> None:
+            self.events += len(chunks)
             await send_soon(out, b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks]))
 
         await self.turn.run(emit)
@@ -344,12 +382,14 @@ class MessagesEventStream(TurnStream):
     """
 
     dialect = "anthropic"
+    transport, route = "messages", "/v1/messages"
 
     def __init__(self, turn: ChatTurn, *, heartbeats: Heartbeats, request_id: str | None = None) -> None:
         super().__init__(turn, heartbeats=heartbeats, request_id=request_id)
 
     async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
         async def emit(events: list[dict[str, Any]]) -> None:
+            self.events += len(events)
             await send_soon(out, b"".join([encode_event(event) for event in events]))
 
         await self.turn.run(emit)

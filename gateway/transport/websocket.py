@@ -31,6 +31,7 @@ from ..turn import Resources, prepare_turn
 from ..turn.base import Delivery
 from ..turn.context import RequestContext
 from ..wire.requests import ws_create_request
+from .heartbeats import Heartbeats, OpenStream
 from .render import ws_error
 
 __all__ = ["serve_asgi_websocket", "serve_websocket"]
@@ -43,15 +44,55 @@ Hold = Callable[[], contextlib.AbstractAsyncContextManager[Any]]
 _QUEUED_FRAMES = 8  # frames a client may send ahead of the turn in progress before its reads wait
 
 
+class _Listed:
+    """A connection on the heartbeat wheel only to be listed among the live streams
+    (`Heartbeats.open_streams`): WebSocket keep-alives are the server's pings, not the wheel's."""
+
+    def __init__(self, ctx: RequestContext, interval: float) -> None:
+        self.opened = self.wrote = trio.current_time()
+        self.interval = interval
+        self.key = ctx.caller.name
+        self.model: str | None = None
+        self.events = 0
+        self.longest = 0.0
+        self.over = False
+
+    def sent(self, count: int) -> None:
+        now = trio.current_time()
+        self.longest = max(self.longest, now - self.wrote)
+        self.wrote = now
+        self.events += count
+
+    def beat(self, now: float, stall_timeout: float | None) -> float | None:
+        return None if self.over else now + self.interval
+
+    def open_stream(self, now: float) -> OpenStream | None:
+        if self.over:
+            return None
+        silence = max(0.0, now - self.wrote)
+        return OpenStream(
+            transport="websocket",
+            route="/v1/responses",
+            model=self.model,
+            key=self.key,
+            age=max(0.0, now - self.opened),
+            silence=silence,
+            longest_silence=max(self.longest, silence),
+            events=self.events,
+        )
+
+
 async def serve_asgi_websocket(
     resources: Resources,
     ctx: RequestContext,
     receive: Callable[[], Awaitable[Message]],
     send: Callable[[Message], Awaitable[None]],
     hold: Hold | None = None,
+    heartbeats: Heartbeats | None = None,
 ) -> None:
     """Accept an ASGI WebSocket and serve it (`serve_websocket`) until either side ends it; with
-    `hold` (the server's `gateway.batch`), a batch of events leaves in one write."""
+    `hold` (the server's `gateway.batch`), a batch of events leaves in one write; with
+    `heartbeats`, the connection is listed among the live streams while it is open."""
     if (await receive())["type"] != "websocket.connect":
         return
     await send({"type": "websocket.accept"})
@@ -74,16 +115,32 @@ async def serve_asgi_websocket(
     async def close(code: int) -> None:
         await send({"type": "websocket.close", "code": code})
 
-    async with frames, trio.open_nursery() as nursery:  # owned here: the socket's reader beside its turns
-        nursery.start_soon(read)
-        await serve_websocket(resources, ctx, frames.receive, send_text, close, hold)
-        nursery.cancel_scope.cancel()
+    listed = ticket = None
+    if heartbeats is not None:
+        listed = _Listed(ctx, heartbeats.interval)
+        ticket = heartbeats.add(listed, listed.opened + heartbeats.interval)
+    try:
+        async with frames, trio.open_nursery() as nursery:  # owned here: the socket's reader beside its turns
+            nursery.start_soon(read)
+            await serve_websocket(resources, ctx, frames.receive, send_text, close, hold, listed)
+            nursery.cancel_scope.cancel()
+    finally:
+        if listed is not None and ticket is not None:
+            listed.over = True
+            ticket.cancel()
 
 
 async def serve_websocket(
-    resources: Resources, ctx: RequestContext, receive: Receive, send_text: SendText, close: Close, hold: Hold | None = None
+    resources: Resources,
+    ctx: RequestContext,
+    receive: Receive,
+    send_text: SendText,
+    close: Close,
+    hold: Hold | None = None,
+    listed: _Listed | None = None,
 ) -> None:
-    """Serve one accepted WebSocket until the client leaves, the drain begins or its time is up."""
+    """Serve one accepted WebSocket until the client leaves, the drain begins or its time is up
+    (`listed`: how the live streams list shows it)."""
     together = hold if hold is not None else contextlib.nullcontext
     settings, drain = resources.settings, resources.drain
     opened = trio.current_time()
@@ -93,6 +150,8 @@ async def serve_websocket(
         async with together():  # a message per event, one write for them all
             for event in events:
                 await send_text(event_json(event).decode())
+        if listed is not None:
+            listed.sent(len(events))
 
     # The connection's age bounds the waits for a frame, not a turn: a turn running when the
     # time is up ends with its terminal event, then the connection closes.
@@ -106,7 +165,7 @@ async def serve_websocket(
                 break
             waiting = trio.CancelScope(deadline=expires)
             arrived = trio.current_time()
-            await _turn(resources, ctx, raw if isinstance(raw, bytes) else raw.encode(), latest, send, arrived)
+            await _turn(resources, ctx, raw if isinstance(raw, bytes) else raw.encode(), latest, send, arrived, listed)
     if drain.draining.is_set():
         await close(1001)  # going away: the turn in progress has ended first
     elif trio.current_time() >= expires:
@@ -124,6 +183,7 @@ async def _turn(
     latest: dict[str, Any],
     send: Callable[[list[dict[str, Any]]], Awaitable[None]],
     arrived: float,
+    listed: _Listed | None = None,
 ) -> None:
     """One `response.create`, to its terminal event (or its error envelope); `arrived`: when
     its frame did."""
@@ -148,6 +208,8 @@ async def _turn(
             latest.pop(previous, None)  # a failed continuation forgets the id
         await send([ws_error(error)])
         return
+    if listed is not None:
+        listed.model = turn.outcome.model
     left = True  # until the turn ran to its end: the client went away mid-turn
     try:
         await turn.run(send)
@@ -159,3 +221,4 @@ async def _turn(
         latest.pop(previous, None)
     latest.clear()  # only the latest response is kept on the connection
     latest[final["id"]] = turn.conversation_so_far()
+

@@ -233,7 +233,7 @@ async def _one_round(
                         window_end = trio.current_time() + _BATCH_WINDOW
             await emit(session.end_of_stream())
     except GatewayError as error:
-        telemetry.backend_error(error.code or "backend_error")
+        telemetry.backend_error(error.code or "backend_error", route=_model(session.request))
         if not answered:
             raise _Refused(error) from None
         if on_answer is not None:
@@ -247,6 +247,12 @@ async def _one_round(
 
 
 _NO_WAITS = WaitClock()
+
+
+def _model(request: dict[str, Any]) -> str | None:
+    """The model route a backend request asked for, for the backend-error record."""
+    model = request.get("model")
+    return model if isinstance(model, str) else None
 
 # While the backend's bytes are already buffered the round does not yield on
 # its own; it is made to, so that no token waits longer than this to be sent.
