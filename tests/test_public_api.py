@@ -131,7 +131,7 @@ def test_the_top_of_the_package_holds_only_its_face_its_entry_points_config_and_
     assert top == ["__init__.py", "__main__.py", "asgi.py", "cli.py", "config.py", "errors.py", "serving.py"]
     folders = sorted(path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists())
     assert folders == [
-        "api", "app", "backends", "builtins", "console", "keys", "lab", "mcp", "observe", "ops", "server", "store", "streams",
+        "api", "app", "backends", "builtins", "console", "keys", "lab", "launch", "mcp", "observe", "ops", "server", "store", "streams",
         "transport", "turn", "wire",
     ]
 

@@ -571,7 +571,7 @@ def _reasoning(seen: Observed) -> Row:
 
 def _context_fix(seen: Observed) -> str:
     fix = _flavour(seen, {
-        "llama.cpp": f"restart llama-server with -c/--ctx-size {SUGGESTED_CONTEXT} (this project's lab server: --n-ctx {SUGGESTED_CONTEXT})",
+        "llama.cpp": f"restart llama-server with -c/--ctx-size {SUGGESTED_CONTEXT} (this project's: `just llama PORT {SUGGESTED_CONTEXT}`)",
         "vLLM": f"start vLLM with --max-model-len {SUGGESTED_CONTEXT} (the model must support it)",
         "Ollama": f"num_ctx {SUGGESTED_CONTEXT}: OLLAMA_CONTEXT_LENGTH={SUGGESTED_CONTEXT}, or PARAMETER num_ctx in a Modelfile",
         None: f"a context of {SUGGESTED_CONTEXT} tokens or more on the backend",
