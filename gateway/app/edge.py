@@ -180,8 +180,7 @@ class Edge:
             return
         path = scope.get("path", "")
         if path not in self._open_paths:
-            # The operator's rows (the console) check their own credential, never an API key's.
-            refusal = ShuttingDown.refusal() if operator and self._draining() else None if operator else await self._admit(scope)
+            refusal = await self._admit(scope, operator=operator)
             if refusal is not None:
                 await send_error(send, refusal, close=isinstance(refusal, ShuttingDown), where=where_of(scope), **_shape(scope))
                 return
@@ -224,11 +223,12 @@ class Edge:
                     pass
             # After the status line nothing more can be said: the connection is ended unfinished.
 
-    async def _admit(self, scope: Scope) -> GatewayError | None:
-        """Why a request may not go on (shutting down, no valid key, over its rate), or None."""
+    async def _admit(self, scope: Scope, *, operator: bool = False) -> GatewayError | None:
+        """Why a request may not go on (shutting down, no valid key, over its rate), or None.
+        `operator`: the row checks its own credential (the console's), never an API key's."""
         if self._draining():
             return ShuttingDown.refusal()
-        if self._authenticate is None:
+        if self._authenticate is None or operator:
             return None
         try:
             await self._authenticate(scope)

@@ -108,11 +108,6 @@ class Telemetries(Telemetry):
         }
         self._spans = tuple(part for part in self.parts if _overrides(part, "span"))
         self._server_spans = tuple(part for part in self.parts if _overrides(part, "server_span"))
-        # The hooks of every request, looked up once (a measurable part of a request's cost).
-        self._on_http_request = self._hooks["http_request"]
-        self._on_turn_started = self._hooks["turn_started"]
-        self._on_turn_finished = self._hooks["turn_finished"]
-        self._on_store_operation = self._hooks["store_operation"]
 
     def _each(self, name: str, *args: Any, **kwargs: Any) -> None:
         for hook in self._hooks[name]:
@@ -122,11 +117,7 @@ class Telemetries(Telemetry):
                 log.debug("telemetry hook %s failed", name, exc_info=True)
 
     def http_request(self, **kwargs: Any) -> None:
-        for hook in self._on_http_request:
-            try:
-                hook(**kwargs)
-            except Exception:
-                log.debug("telemetry hook http_request failed", exc_info=True)
+        self._each("http_request", **kwargs)
 
     def websocket_opened(self) -> None:
         self._each("websocket_opened")
@@ -135,18 +126,10 @@ class Telemetries(Telemetry):
         self._each("websocket_closed")
 
     def turn_started(self, outcome: TurnOutcome) -> None:
-        for hook in self._on_turn_started:
-            try:
-                hook(outcome)
-            except Exception:
-                log.debug("telemetry hook turn_started failed", exc_info=True)
+        self._each("turn_started", outcome)
 
     def turn_finished(self, outcome: TurnOutcome) -> None:
-        for hook in self._on_turn_finished:
-            try:
-                hook(outcome)
-            except Exception:
-                log.debug("telemetry hook turn_finished failed", exc_info=True)
+        self._each("turn_finished", outcome)
 
     def heartbeat(self) -> None:
         self._each("heartbeat")
@@ -161,11 +144,7 @@ class Telemetries(Telemetry):
         self._each("web_tool", **kwargs)
 
     def store_operation(self, **kwargs: Any) -> None:
-        for hook in self._on_store_operation:
-            try:
-                hook(**kwargs)
-            except Exception:
-                log.debug("telemetry hook store_operation failed", exc_info=True)
+        self._each("store_operation", **kwargs)
 
     def server_span(
         self, name: str, headers: Iterable[tuple[bytes, bytes]], **attributes: Any

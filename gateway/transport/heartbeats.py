@@ -51,6 +51,25 @@ class OpenStream:
     longest_silence: float  # the longest such gap so far, the current one included
     events: int  # events sent (a relay: pieces of the body relayed)
 
+    @classmethod
+    def seen(
+        cls,
+        now: float,
+        *,
+        transport: str,
+        route: str,
+        model: str | None,
+        key: str | None,
+        opened: float,
+        wrote: float,
+        longest: float,
+        events: int,
+    ) -> OpenStream:
+        """A stream opened at `opened` that last sent events at `wrote`, its longest gap between
+        sends so far `longest`, as it stands at `now`: the current gap counts too."""
+        silence = max(0.0, now - wrote)
+        return cls(transport, route, model, key, max(0.0, now - opened), silence, max(longest, silence), events)
+
 
 class Beating(Protocol):
     def beat(self, now: float, stall_timeout: float | None) -> float | None:

@@ -147,15 +147,15 @@ class PassthroughBody(DeferredHeadBody):
         if self._chunks is None:
             return None
         outcome = self._relay.outcome
-        silence = max(0.0, now - self._data_at)
-        return OpenStream(
+        return OpenStream.seen(
+            now,
             transport="relay",
             route=f"/v1/{self._relay.path}",
             model=outcome.model if outcome is not None else None,
             key=self._relay.caller.name,
-            age=max(0.0, now - self._opened_at),
-            silence=silence,
-            longest_silence=max(self._longest_silence, silence),
+            opened=self._opened_at,
+            wrote=self._data_at,
+            longest=self._longest_silence,
             events=self._pieces,
         )
 

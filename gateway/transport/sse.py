@@ -295,15 +295,15 @@ class TurnStream(EventChannelBody):
         if self._over:
             return None
         outcome = self.turn.outcome
-        silence = max(0.0, now - self._wrote_at)
-        return OpenStream(
+        return OpenStream.seen(
+            now,
             transport=self.transport,
             route=self.route,
             model=outcome.model,
             key=outcome.key,
-            age=max(0.0, now - self._opened_at),
-            silence=silence,
-            longest_silence=max(self._longest_silence, silence),
+            opened=self._opened_at,
+            wrote=self._wrote_at,
+            longest=self._longest_silence,
             events=self.events,
         )
 

@@ -69,15 +69,15 @@ class _Listed:
     def open_stream(self, now: float) -> OpenStream | None:
         if self.over:
             return None
-        silence = max(0.0, now - self.wrote)
-        return OpenStream(
+        return OpenStream.seen(
+            now,
             transport="websocket",
             route="/v1/responses",
             model=self.model,
             key=self.key,
-            age=max(0.0, now - self.opened),
-            silence=silence,
-            longest_silence=max(self.longest, silence),
+            opened=self.opened,
+            wrote=self.wrote,
+            longest=self.longest,
             events=self.events,
         )
 
