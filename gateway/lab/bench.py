@@ -316,8 +316,11 @@ RELAY_THROUGHPUT_TARGET = 0.8
 BURST_THROUGHPUT_TARGET = 0.5
 # The Messages front end may cost this much more CPU per streamed event than the Responses route.
 MESSAGES_CPU_RATIO_TARGET = 1.2
-# CPU per relayed event on the paced scenario, SQLite store on.
-PACED_EVENT_CPU_TARGET_US = 8.0
+# CPU per relayed event on the paced scenario, SQLite store on: at most this many times the
+# decoding floor's (`FLOORS`: the least a relay that decodes and encodes each chunk spends).
+PACED_FLOOR_RATIO_TARGET = 2.0
+# What the gateway may add to an event of a paced stream (its first text delta, its last event).
+PACED_ADDED_TARGET_MS = {"p50": 5.0, "p99": 20.0}
 # What the gateway may add to the first text delta at c=1.
 FIRST_DELTA_TARGET_MS = {"p50": 1.0, "p99": 2.0}
 # The paced scenario: a model server under batch load sends each stream one token per step.
@@ -325,6 +328,8 @@ PACED_STREAMS = 50
 PACED_STEP = 0.02
 PACED_TOKENS = 100
 PACED_MODEL = f"sim:delay={PACED_STEP},step={PACED_STEP},tokens={PACED_TOKENS}"
+# The scale rows: the paced load at these many streams, one worker and then two.
+SCALE_STREAMS = (500, 2000)
 
 
 async def run_bench(
@@ -355,12 +360,18 @@ async def run_bench(
     scenarios: list[_Scenario] = [latency] if latency.measured else []
     if only in ("all", "throughput", "paths"):
         scenarios.append(_PathsScenario(bench))
-    if only in ("all", "throughput", "paced"):
-        scenarios.append(_PacedScenario(bench))
+    paced = _PacedScenario(bench) if only in ("all", "throughput", "paced") else None
+    if paced is not None:
+        scenarios.append(paced)
     if only in ("all", "parsers"):
         scenarios.append(_ParsersScenario(bench))
     if floors:
-        scenarios.append(_FloorScenario(bench, latency))
+        floor = _FloorScenario(bench, latency)
+        scenarios.append(floor)
+        if paced is not None:
+            paced.floor = floor
+    if only in ("all", "throughput", "scale"):
+        scenarios.append(_ScaleScenario(bench))
     await _spread(bench, scenarios)
     if only == "all":
         await _workers_scenario(bench)
@@ -683,6 +694,7 @@ class _PacedScenario(_Scenario):
         self.via: list[LoadReport] = []
         self.direct: list[LoadReport] = []
         self.profile: list[tuple[str, ...]] = []  # the profile's rows, written after the paced ones
+        self.floor: _FloorScenario | None = None  # the floors measured in the same run, if they are
 
     async def open(self, stack: contextlib.AsyncExitStack) -> None:
         seconds = max(self.bench.duration, 3 * PACED_STEP * PACED_TOKENS)
@@ -706,32 +718,112 @@ class _PacedScenario(_Scenario):
         per_event = Spread([_event_us(r) for r in via_runs])
         to_simulator = Spread([_cpu_ratio(v, d, per_event=True) for v, d in zip(via_runs, direct_runs)])
         failed = sum(r.requests_failed for r in via_runs)
+        floor_runs = self.floor.runs.get("decoding-paced", []) if self.floor is not None else []
+        if floor_runs:  # measured in the same rounds: the machine's drift cancels out of the ratio
+            to_floor = Spread([_event_us(v) / _event_us(f) if _event_us(f) else 0.0 for v, f in zip(via_runs, floor_runs)])
+            target = f"≤ {PACED_FLOOR_RATIO_TARGET:g}× the decoding floor"
+            over = per_event.median - PACED_FLOOR_RATIO_TARGET * Spread([_event_us(f) for f in floor_runs]).median
+            met = _met(to_floor.median <= PACED_FLOOR_RATIO_TARGET and not failed)
+            if over > 0:
+                met += f": {over:.0f} µs above it (the profile below)"
+            ratio = f"{to_floor.plain(2)}× the floor; {to_simulator.plain(2)}× the simulator"
+        else:
+            to_floor, target, met = None, f"≤ {PACED_FLOOR_RATIO_TARGET:g}× the decoding floor", "n/a: the floor runs with --only throughput or floor"
+            ratio = f"{to_simulator.plain(2)}× the simulator"
         bench.row(
             f"CPU per relayed event, paced: {PACED_STREAMS} streams, a chunk per write {PACED_STEP * 1000:.0f} ms apart"
             + (f" ({failed} failed)" if failed else ""),
             "CPU µs per event",
             per_event.plain(1, "µs"),
-            f"{_per_event(direct_runs)} (simulator)",
-            f"{to_simulator.plain(2)}×",
-            f"≤ {PACED_EVENT_CPU_TARGET_US:g} µs",
-            _met(per_event.median <= PACED_EVENT_CPU_TARGET_US and not failed),
-            figure=to_simulator,
+            f"{_per_event(direct_runs)} (simulator)" + (f"; {_per_event(floor_runs)} (decoding floor)" if floor_runs else ""),
+            ratio,
+            target,
+            met,
+            figure=to_floor or to_simulator,
         )
         for what, measure in (("first text delta", "time_to_first_text_ms"), ("last event", "total_latency_ms")):
             for q in ("p50", "p99"):
                 added = Spread([_added(v, d, measure, q) for v, d in zip(via_runs, direct_runs)])
+                limit = PACED_ADDED_TARGET_MS[q]
                 bench.row(
                     f"time added to each event, paced, c={PACED_STREAMS}: the {what} ({q})",
                     "added by the gateway",
                     added.plain(2, "ms", signed=True),
                     "",
                     "",
-                    "",
-                    "",
+                    f"≤ +{limit:g} ms",
+                    _met(added.median <= limit),
                     figure=added,
                 )
         for cells in self.profile:
             bench.row(*cells)
+
+
+def _tools_behind(direct: list[LoadReport], streams: int) -> str:
+    """What the direct column must say when the simulator and the load generator themselves fall
+    behind the load (their streams last longer than the tokens' pace): the row is then the
+    machine's limit, not the gateway's."""
+    paced_for = PACED_STEP * PACED_TOKENS
+    lasted = Spread([(r.total_latency_ms.p50 or 0.0) / 1000 for r in direct]).median
+    if lasted <= 1.1 * paced_for + 2 * PACED_STEP:
+        return ""
+    return f"; the tools fall behind: a {paced_for:g} s stream lasts {lasted:.1f} s direct"
+
+
+class _ScaleScenario(_Scenario):
+    """The paced load at `SCALE_STREAMS` streams (a chunk per 20 ms step each, SQLite store on
+    and keys required), against the simulator direct, one gateway worker and then two (`--workers
+    2`, the same load): CPU per event, the time added to the last event (p50, p99), and whether
+    the gateway keeps up (its responses/s at least 0.95 of direct's: streams last no longer
+    through it).  What an operator sizes a deployment by."""
+
+    name = "the paced load at scale"
+
+    def __init__(self, bench: Bench, streams: Sequence[int] = SCALE_STREAMS) -> None:
+        super().__init__(bench)
+        self.streams = streams
+        self.runs: dict[tuple[str, int], list[LoadReport]] = {}
+
+    async def open(self, stack: contextlib.AsyncExitStack) -> None:
+        self.seconds = max(self.bench.duration, 3 * PACED_STEP * PACED_TOKENS)
+        self.keys, env = await stack.enter_async_context(_keyed_store())
+        self.sim_url, self.sim = await stack.enter_async_context(_simulator(tokens=200))
+        self.gateways: dict[str, tuple[str, trio.Process]] = {}
+        for workers in (1, 2):
+            url, proc = await stack.enter_async_context(_gateway(self.sim_url, workers=workers, extra=env))
+            await _checked("scale", run_load(HOT.config(url, 50, 1.0, self.keys, requests=100, model=PACED_MODEL)))
+            self.gateways[f"{workers}w"] = (url, proc)
+
+    async def round(self, round_: int) -> None:
+        for streams in self.streams:
+            direct = LoadConfig(url=self.sim_url, api="chat", model=PACED_MODEL, concurrency=streams, duration=self.seconds)
+            self.runs.setdefault(("direct", streams), []).append(
+                await self.bench.load(f"scale-{streams}-direct-r{round_}", direct, [self.sim.pid])
+            )
+            for name, (url, proc) in self.gateways.items():
+                config = HOT.config(url, streams, self.seconds, self.keys, model=PACED_MODEL)
+                self.runs.setdefault((name, streams), []).append(
+                    await self.bench.load(f"scale-{streams}-gateway-{name}-r{round_}", config, [proc.pid])
+                )
+
+    def rows(self) -> None:
+        for streams in self.streams:
+            direct = self.runs[("direct", streams)]
+            for name, label in (("1w", "one worker"), ("2w", "--workers 2")):
+                via = self.runs[(name, streams)]
+                share = Spread([_share(v, d) for v, d in zip(via, direct)])
+                failed = sum(r.requests_failed for r in via)
+                added = [Spread([_added(v, d, "total_latency_ms", q) for v, d in zip(via, direct)]) for q in ("p50", "p99")]
+                self.bench.row(
+                    f"paced at scale: {streams} streams, a chunk per 20 ms each, {label}" + (f" ({failed} failed)" if failed else ""),
+                    "CPU per event; added to the last event p50 / p99; share of direct's responses/s",
+                    f"{_per_event(via)}; {added[0].plain(1, 'ms', signed=True)} / {added[1].plain(1, 'ms', signed=True)}",
+                    f"{_per_event(direct)} (simulator)" + _tools_behind(direct, streams),
+                    share.plain(2),
+                    "keeps up: ≥ 0.95",
+                    _met(share.median >= 0.95 and not failed),
+                    figure=share,
+                )
 
 
 class _LatencyScenario(_Scenario):
@@ -902,8 +994,8 @@ class _FloorScenario(_Scenario):
                 per_event.plain(1, "µs"),
                 "",
                 "",
-                f"≤ {PACED_EVENT_CPU_TARGET_US:g} µs (the gateway's)",
-                "floor above" if per_event.median > PACED_EVENT_CPU_TARGET_US else "",
+                "",
+                "",
                 figure=per_event,
             )
         for server, what, _ in FLOORS:
@@ -1279,11 +1371,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["all", "throughput", "latency", "paths", "paced", "floor", "parsers", "shared", "dispatch", "disconnects", "heartbeats"],
+        choices=["all", "throughput", "latency", "paths", "paced", "floor", "scale", "parsers", "shared", "dispatch", "disconnects", "heartbeats"],
         default="all",
         help="one part: latency (first text delta added at c=1), paths (every path at c=1 and c=50), "
         "paced (50 streams a token per 20 ms, with its profile), floor (a bare trio relay on the paced load), "
-        "throughput (those four), parsers (the gateway's own framing against h11's, on SSE, WebSocket and the relay), "
+        "scale (the paced load at 500 and 2,000 streams, one worker and two), throughput (those five), parsers (the gateway's own framing against h11's, on SSE, WebSocket and the relay), "
         "shared (the cost of keys, limits and metrics), dispatch (what Quart's router costs a request), "
         "disconnects (how soon a client that "
         "leaves is let go, on each transport), heartbeats",
@@ -1337,7 +1429,7 @@ def main(args: argparse.Namespace) -> int:
         "runs": bench.reports,
     }
     (out / "bench.json").write_text(json.dumps(results, indent=2))
-    return 0 if all(r.met != "NO" for r in bench.rows) else 1
+    return 0 if not any(r.met.startswith("NO") for r in bench.rows) else 1
 
 
 if __name__ == "__main__":

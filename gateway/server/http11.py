@@ -443,12 +443,16 @@ class _Connection:
 
     async def write_now(self, data: bytes) -> None:
         # One write(2) straight to the socket when the kernel takes it whole (almost every write
-        # of a stream).  What it does not take goes out shielded (half a write would corrupt the
+        # of a stream), without the lock: no other write is waiting (the lock is free), and none
+        # can begin before this one returns, as it never passes through the scheduler.  What the
+        # kernel does not take goes out under the lock, shielded (half a write would corrupt the
         # response), bounded by progress: a slow reader is cut only when it stops reading.
         await trio.lowlevel.checkpoint_if_cancelled()
         lock = self.send_lock
-        await acquire(lock)
-        try:
+        if lock.locked():
+            await lock.acquire()
+            sent = 0
+        else:
             if self.write_over or self.closed:
                 return
             try:
@@ -460,6 +464,20 @@ class _Connection:
                 return
             if sent == len(data):
                 return
+            lock.acquire_nowait()  # (free: nothing ran since it was looked at)
+        try:
+            if self.write_over or self.closed:
+                return
+            if not sent:
+                try:
+                    sent = os.write(self.fd, data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    self._lost()
+                    return
+                if sent == len(data):
+                    return
             stall = self.server.stall_timeout
             with trio.CancelScope(shield=True) as writing, memoryview(data) as view:
                 while sent < len(view) and not self.closed:

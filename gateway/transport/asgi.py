@@ -14,17 +14,16 @@ This is the one bridge between the transports and Quart: a route returns
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from quart import Response
 from quart_trio.asgi import TrioASGIHTTPConnection
 
-from .body import DeferredHeadBody
+from .body import DeferredHeadBody, SendPath
 from .leaving import watch_for
 
-__all__ = ["BodyConnection", "as_response", "send_body", "stream"]
+__all__ = ["BodyConnection", "SendLoop", "as_response", "send_body", "stream"]
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -33,32 +32,49 @@ Send = Callable[[Message], Awaitable[None]]
 
 async def send_body(body: DeferredHeadBody, send: Send) -> None:
     """Status and headers once the body has decided them, every write, then the end."""
-    await body.serve(functools.partial(_write, send=send))
+    await body.serve(SendLoop(send))
 
 
 async def stream(body: DeferredHeadBody, scope: Any, receive: Receive, send: Send) -> None:
     """`send_body`, ended at once when the client disconnects (`transport.leaving`)."""
-    await body.serve(functools.partial(_write, send=send), watch_for(scope, receive))
+    await body.serve(SendLoop(send), watch_for(scope, receive))
 
 
-async def _write(body: DeferredHeadBody, send: Send) -> None:
-    """The send loop over a body: its status line once decided, every write, then the end."""
-    status, headers = await body.head()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()],
-        }
-    )
-    async for data in body:
-        if body.finished:
-            await send({"type": "http.response.body", "body": data, "more_body": False})
-            return
-        await send({"type": "http.response.body", "body": data, "more_body": True})
-    if body.stalled:
-        return  # the client stopped reading: the server closes the unfinished response's connection
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+class SendLoop(SendPath):
+    """The send loop over a body on an ASGI `send`: its status line once decided, every write,
+    then the end; and the same messages for a body that sends from its own task (`SendPath`)."""
+
+    __slots__ = ("_send", "ended")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.ended = False
+
+    async def start(self, status: int, headers: dict[str, str]) -> None:
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()],
+            }
+        )
+
+    async def write(self, data: bytes, *, last: bool = False) -> None:
+        if last:
+            self.ended = True
+        await self._send({"type": "http.response.body", "body": data, "more_body": not last})
+
+    async def __call__(self, body: DeferredHeadBody) -> None:
+        status, headers = await body.head()
+        await self.start(status, headers)
+        async for data in body:
+            if body.finished:
+                await self.write(data, last=True)
+                return
+            await self.write(data)
+        if body.stalled:
+            return  # the client stopped reading: the server closes the unfinished response's connection
+        await self.write(b"", last=True)
 
 
 def as_response(body: DeferredHeadBody) -> Response:

@@ -14,11 +14,36 @@ import trio
 
 from .leaving import Watch
 
-__all__ = ["DeferredHeadBody", "Write"]
+__all__ = ["DeferredHeadBody", "SendPath", "Write"]
 
 
 # The HTTP layer's send loop over a body (`head()`, the status line, every write, the end).
 Write = Callable[["DeferredHeadBody"], Awaitable[None]]
+
+
+class SendPath:
+    """A send loop (a `Write`) whose steps a body may also take from its own task.
+
+    A streamed body whose producer has bytes while the loop is idle sends
+    them itself (`start`, then `write`), rather than wake the loop's task for
+    every event; the body sees to it that the two never send at once.
+    `asgi.SendLoop` is one; a plain `Write` callable (a test's, an
+    embedder's) gets every write through its loop.
+    """
+
+    __slots__ = ()
+    ended = False  # the response's end has been sent
+
+    async def __call__(self, body: DeferredHeadBody) -> None:
+        raise NotImplementedError
+
+    async def start(self, status: int, headers: dict[str, str]) -> None:
+        """The status line and headers."""
+        raise NotImplementedError
+
+    async def write(self, data: bytes, *, last: bool = False) -> None:
+        """Body bytes; `last`: the response ends with them."""
+        raise NotImplementedError
 
 
 class DeferredHeadBody:

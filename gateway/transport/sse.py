@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -37,7 +38,7 @@ from ..streams.sse import (
 from ..turn import Turn
 from ..turn.base import Delivery
 from ..turn.chat import ChatTurn
-from .body import DeferredHeadBody, Write
+from .body import DeferredHeadBody, SendPath, Write
 from .heartbeats import Heartbeats, OpenStream, Ticket
 from .leaving import Watch
 from .render import Dialect, answer
@@ -49,7 +50,6 @@ __all__ = [
     "MessagesEventStream",
     "TurnEventStream",
     "TurnStream",
-    "send_soon",
 ]
 
 log = logging.getLogger("gateway.sse")
@@ -60,6 +60,10 @@ SSE_HEADERS = {
     "cache-control": "no-cache",
     "x-accel-buffering": "no",
 }
+# The producer's way out: bytes for the client (see EventChannelBody).
+Send = Callable[[bytes], Awaitable[None]]
+# Writes a client that reads slowly may have queued before its producer waits (backpressure).
+_QUEUED = 256
 # How long a stream's status may wait for the backend's first answer: an
 # error status it gives by then (unknown model, context too long) is passed
 # on as that status; later, the stream is committed.
@@ -67,23 +71,43 @@ _MAX_HEAD_WAIT = 1.0
 
 
 class EventChannelBody(DeferredHeadBody):
-    """A streamed body fed by a memory channel of encoded bytes, kept alive by the process's ticker.
+    """A streamed body whose producer sends its own bytes whenever no send loop is at work,
+    kept alive by the process's ticker.
 
-    Writes coalesce what is already queued.  `produce` is the one producer,
-    run by `serve` in its caller's task; it owns the sending end it is
-    given.  The `Heartbeats` ticker looks at the body once per interval
-    (`beat`): after `interval` seconds without a write it queues a
-    keep-alive, and a write the client has left unread for the ticker's
-    `stall_timeout` closes the stream (`stalled`; the HTTP layer then drops
-    the connection).
+    `produce` is the one producer, run by `serve` in its caller's task, with
+    `send` its way out.  Given a `SendPath` (the HTTP layer's send loop,
+    `asgi.SendLoop`), the producer sends the head (once `head_now` can
+    decide it) and its bytes itself: a token the backend sent wakes one
+    task, the backend's reader (which is the turn), and is on the socket
+    before that task next waits.  A task of the send loop runs only while
+    there is waiting to do, and ends when there is none: the first one
+    waits for the head (`head`: a backend slow to answer), and one is
+    started for a keep-alive or for what the producer queues while a write
+    is still on its way (`_drain`); the producer queues behind it, up to
+    `_QUEUED` writes before it waits (backpressure), and a loop writes all
+    that is queued in one write.  The two never send at once; the nursery
+    of `serve` owns every such task.  A plain `Write` callable (a test's,
+    an embedder's) is the send loop for every write instead.
+
+    The `Heartbeats` ticker looks at the body once per interval (`beat`):
+    after `interval` seconds without a write it queues a keep-alive, and a
+    write the client has left unread for the ticker's `stall_timeout`
+    closes the stream (`stalled`; the HTTP layer then drops the connection).
     """
 
     def __init__(self, heartbeats: Heartbeats, telemetry: Telemetry | None = None) -> None:
         self._heartbeats = heartbeats
         self._interval = heartbeats.interval
         self._telemetry = telemetry or Telemetry()
-        self._out_recv: trio.MemoryReceiveChannel[bytes] | None = None
-        self._beat_send: trio.MemorySendChannel[bytes] | None = None  # the ticker's way in
+        self._queued: list[bytes] = []  # for a send loop, in order
+        self._loop_waits = trio.lowlevel.ParkingLot()  # a send loop, waiting for bytes or for the producer's write
+        self._room = trio.lowlevel.ParkingLot()  # the producer, waiting for a slow client
+        self._path: SendPath | None = None  # the HTTP layer's, when the producer may take its steps
+        self._committed: SendPath | None = None  # the same, once the head of a stream is out
+        self._head_out = False  # the status line went (or is going) out
+        self._sending = False  # the producer is sending
+        self._loop_busy = False  # a send loop's task is at work: the producer queues behind it
+        self._produced = False  # the producer is done: once the queue is empty, so is the body
         self._last_write = 0.0  # a write, or a keep-alive queued (the ticker's reckoning)
         self._handed_at: float | None = None  # a write is with the HTTP layer since then
         # For the operator's list of live streams (Heartbeats.open_streams):
@@ -91,7 +115,7 @@ class EventChannelBody(DeferredHeadBody):
         self._wrote_at = 0.0  # the last write with events in it (a keep-alive alone ends no silence)
         self._longest_silence = 0.0  # the longest gap between two such writes
         self._pinged = False  # a keep-alive was queued since the last write
-        self.events = 0  # events the producer queued
+        self.events = 0  # events the producer sent
         self._nursery: trio.Nursery | None = None
         self._over = False
         self._beats_over = False
@@ -100,35 +124,59 @@ class EventChannelBody(DeferredHeadBody):
         self.stalled = False
         self.first_write_at: float | None = None
 
-    async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
+    async def produce(self, send: Send) -> None:
         raise NotImplementedError
+
+    def head_now(self) -> tuple[int, dict[str, str]] | None:
+        """The status and headers of a stream that commits now, for the producer to send; None
+        while they wait on something (the first send loop then sends them, from `head`)."""
+        return None
 
     async def serve(self, write: Write, watch: Watch | None = None) -> None:
         self._last_write = self._opened_at = self._wrote_at = now = trio.current_time()
-        out_send: trio.MemorySendChannel[bytes]
-        out_send, out_recv = trio.open_memory_channel(256)  # (unsubscripted: no typing work per stream)
-        self._out_recv = out_recv
-        self._beat_send = out_send.clone()
+        path = self._path = write if isinstance(write, SendPath) else None
+        forget = None
         try:
-            async with trio.open_nursery() as nursery:  # owned here: the send loop and the watch beside the producer
+            async with trio.open_nursery() as nursery:  # owned here: the send loops and the watch beside the producer
                 self._nursery = nursery
-                nursery.start_soon(self._run_writer, write, watch, now + self._interval)
-                await self._run_producer(out_send)
+                if path is None:
+                    nursery.start_soon(self._run_writer, write, watch, now + self._interval)
+                    await self._run_producer()
+                    return
+                # (set up after the backend was asked: the turn began its request before serve)
+                forget = watch(nursery) if watch is not None else None
+                self._ticket = self._heartbeats.add(self, now + self._interval)
+                nursery.start_soon(self._first_loop, path)
+                await self._run_producer()
+                if self._committed is not None and not self._loop_busy:  # (else a loop ends the response)
+                    await self._end(path)
+            if path is not None and nursery.cancel_scope.cancelled_caught and not path.ended:
+                self.client_left = True  # (the watch saw the client leave, or the server ended the request)
+        except trio.Cancelled:
+            if path is not None and not path.ended:
+                self.client_left = True
+            raise
         finally:
+            if forget is not None:
+                forget()
+            if self.stalled:
+                self.client_left = True
             self._stop_beats()
             self._over = True
             if self._ticket is not None:
                 self._ticket.cancel()  # the wheel lets go of this body (and its response) now
-            out_recv.close()
+            self._queued = []
             self.closed()
 
     async def _run_writer(self, write: Write, watch: Watch | None, first_beat: float) -> None:
+        """A plain `Write`: the send loop for every write, in a task of its own."""
         # The send loop's first step comes when the producer first waits (for its backend, or
         # a hosted MCP server): what only the waits need (the watch, the ticker's look) is set
         # up from here, after the backend was asked.
         assert self._nursery is not None
         forget = watch(self._nursery) if watch is not None else None
         self._ticket = self._heartbeats.add(self, first_beat)
+        self._loop_busy = True
         try:
             await write(self)
         except trio.Cancelled:
@@ -137,19 +185,130 @@ class EventChannelBody(DeferredHeadBody):
         finally:
             if forget is not None:
                 forget()
-            if self.stalled:
-                self.client_left = True
             # Everything useful has been sent (or the client left): the producer and the watch stop.
             self._nursery.cancel_scope.cancel()
+
+    async def _first_loop(self, path: SendPath) -> None:
+        """The head, unless the producer sends it first; then what was queued meanwhile."""
+        status, headers = await self.head()
+        if self._head_out:  # the producer sent it while the head waited: nothing else to do here
+            return
+        self._head_out = self._loop_busy = True
+        await path.start(status, headers)
+        if status == 200:
+            self._committed = path
+            await self._drain(path)
+            return
+        async for data in self:  # not a stream: the body's own answer (an error, as JSON), and the end
+            await path.write(data)
+        if not path.ended:
+            await path.write(b"", last=True)
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+
+    async def _drain(self, path: SendPath) -> None:
+        """Write what is queued until nothing is; the response's end, once the producer is done.
+        Run while `_loop_busy`, which it clears when it leaves the rest to the producer."""
+        assert self._nursery is not None
+        while True:
+            if self._sending:  # the producer's write is on its way: wait for it
+                await self._loop_waits.park()
+            elif self._queued:
+                data = self._take()
+                self._handed_at = self._last_write
+                await path.write(data)
+                self._handed_at = None
+            elif self._produced:
+                await self._end(path)
+                return
+            else:
+                self._loop_busy = False
+                return
+
+    async def _end(self, path: SendPath) -> None:
+        """The response's end (with anything still queued), then nothing more of the body."""
+        assert self._nursery is not None
+        if not (self.stalled or path.ended):
+            await self._send_now(path, b"", last=True)
+        self._nursery.cancel_scope.cancel()  # (the producer is done, or its writes no longer go)
+
+    def _wake_loop(self) -> None:
+        """Something was queued: a send loop takes it (one is started when none is at work)."""
+        self._loop_waits.unpark()
+        if not self._loop_busy and self._committed is not None and self._nursery is not None and not self._over:
+            self._loop_busy = True
+            self._nursery.start_soon(self._drain, self._committed)
+
+    async def _send(self, data: bytes) -> None:
+        """The producer's way out (see the class)."""
+        path = self._path
+        if not self._loop_busy and path is not None:
+            if self._committed is None and not self._head_out:
+                head = self.head_now()
+                if head is not None:
+                    self._head_out = self._sending = True
+                    try:
+                        await path.start(*head)
+                    finally:
+                        self._sending = False
+                    self._committed = path
+            if self._committed is not None:
+                await self._send_now(path, data)
+                return
+        self._queued.append(data)
+        self._wake_loop()
+        while len(self._queued) >= _QUEUED:
+            await self._room.park()
+
+    async def _send_now(self, path: SendPath, data: bytes, *, last: bool = False) -> None:
+        """Send what is queued and `data` from this task (no send loop is at work)."""
+        if self._queued:
+            data = self._take() + data
+        self._sending = True
+        try:
+            self._handed_at = self._wrote(events=bool(data))
+            await path.write(data, last=last)
+            self._handed_at = None
+        finally:
+            self._sending = False
+            if self._queued:  # (a keep-alive came meanwhile: its loop waits for this write)
+                self._loop_waits.unpark()
+
+    def _take(self) -> bytes:
+        """Everything queued, as one write (accounted as it goes out)."""
+        parts, self._queued = self._queued, []
+        if self._room:
+            self._room.unpark_all()
+        if self._pinged:  # (rare: a quiet stream)
+            self._pinged = False
+            if len(parts) == 1:  # the keep-alive alone: the client still waits for events
+                self._wrote(events=False)
+                return parts[0]
+        self._wrote(events=True)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _wrote(self, *, events: bool) -> float:
+        """A write goes out now; with events, it ends a silence."""
+        now = self._last_write = trio.current_time()
+        if self.first_write_at is None:
+            self.first_write_at = now
+        if events:
+            if now - self._wrote_at > self._longest_silence:
+                self._longest_silence = now - self._wrote_at
+            self._wrote_at = now
+        return now
 
     def __aiter__(self) -> EventChannelBody:
         return self
 
     async def __anext__(self) -> bytes:
+        """For a plain `Write`: everything queued, as one write; the end once the producer is done."""
         self._handed_at = None  # the HTTP layer is back for more: the last write went out
-        data = await self._next_write()
-        if self.first_write_at is None:
-            self.first_write_at = self._last_write
+        while not self._queued:
+            if self._produced:
+                raise StopAsyncIteration
+            await self._loop_waits.park()
+        data = self._take()
         self._handed_at = self._last_write
         return data
 
@@ -159,44 +318,14 @@ class EventChannelBody(DeferredHeadBody):
     def _stop_beats(self) -> None:
         """No more keep-alives (the producer is done); the ticker still watches for a stall."""
         self._beats_over = True
-        if self._beat_send is not None:
-            self._beat_send.close()
 
-    async def _run_producer(self, out_send: trio.MemorySendChannel[bytes]) -> None:
-        async with out_send:
-            try:
-                await self.produce(out_send)
-            finally:
-                self._stop_beats()  # with the producer's end closed, the writer sees the channel's end
-
-    async def _next_write(self) -> bytes:
-        """Everything queued, as one write; StopAsyncIteration when the producers are done."""
-        assert self._out_recv is not None
-        receive_nowait = self._out_recv.receive_nowait
+    async def _run_producer(self) -> None:
         try:
-            try:
-                # What is queued already is taken at once: a channel's `receive` would
-                # first pass through the scheduler, delaying every write by a round.
-                first = receive_nowait()
-            except trio.WouldBlock:
-                first = await self._out_recv.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
-        parts = [first]
-        while True:
-            try:
-                parts.append(receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-        now = self._last_write = trio.current_time()
-        if self._pinged:  # (rare: a quiet stream)
-            self._pinged = False
-            if len(parts) == 1:  # the keep-alive alone: the client still waits for events
-                return first
-        if now - self._wrote_at > self._longest_silence:
-            self._longest_silence = now - self._wrote_at
-        self._wrote_at = now
-        return first if len(parts) == 1 else b"".join(parts)
+            await self.produce(self._send)
+        finally:
+            self._stop_beats()
+            self._produced = True
+            self._loop_waits.unpark()  # a loop sees the end once the queue is empty
 
     def keep_alive(self) -> bytes:
         """What a quiet stream is sent: an SSE comment."""
@@ -219,13 +348,10 @@ class EventChannelBody(DeferredHeadBody):
             return due
         if self._beats_over:  # the last writes are queued: only a stall is left to watch for
             return now + self._interval
-        assert self._beat_send is not None
-        try:
-            self._beat_send.send_nowait(self.keep_alive())
-        except trio.WouldBlock:
-            pass  # a full queue is on its way to the client already
-        else:
+        if len(self._queued) < _QUEUED:  # (a full queue is on its way to the client already)
+            self._queued.append(self.keep_alive())
             self._pinged = True
+            self._wake_loop()
             self._telemetry.heartbeat()
         self._last_write = now
         return now + self._interval
@@ -269,6 +395,12 @@ class TurnStream(EventChannelBody):
             await super().serve(write, watch)
         finally:
             self.turn.abandon()  # (a begun request the turn never took: it did not run)
+
+    def head_now(self) -> tuple[int, dict[str, str]] | None:
+        """A stream commits at once without a dialect, else once its turn's backend answered."""
+        if self.dialect is None or (self.turn.answered.is_set() and self.turn.rejection is None):
+            return 200, dict(SSE_HEADERS)
+        return None
 
     async def head(self) -> tuple[int, dict[str, str]]:
         if self.dialect is None:
@@ -329,22 +461,19 @@ class TurnEventStream(TurnStream):
     def __init__(self, turn: Turn, *, heartbeats: Heartbeats) -> None:
         super().__init__(turn, heartbeats=heartbeats)
 
-    async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
+    async def produce(self, send: Send) -> None:
         async def emit(events: list[dict[str, Any]]) -> None:
             self.events += len(events)
-            await send_soon(out, b"".join([encode_event(event) for event in events]))
+            await send(b"".join([encode_event(event) for event in events]))
 
         async def emit_obfuscated(events: list[dict[str, Any]]) -> None:
             self.events += len(events)
             # (padded as they are written: the turn keeps, stores and replays them unpadded)
-            chunk = b"".join(
-                [encode_event(obfuscated(e, os.urandom(32)) if e["type"] in OBFUSCATED else e) for e in events]
-            )
-            await send_soon(out, chunk)
+            await send(b"".join([encode_event(obfuscated(e, os.urandom(32)) if e["type"] in OBFUSCATED else e) for e in events]))
 
         options = self.turn.req.stream_options
         await self.turn.run(emit_obfuscated if options is not None and options.include_obfuscation else emit)
-        await out.send(encode_done())
+        await send(encode_done())
 
     def keep_alive(self) -> bytes:
         """A numbered `ping` event in the required_action protocol (when it can go in order)."""
@@ -363,13 +492,13 @@ class ChatEventStream(TurnStream):
     def __init__(self, turn: ChatTurn, *, heartbeats: Heartbeats) -> None:
         super().__init__(turn, heartbeats=heartbeats)
 
-    async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
+    async def produce(self, send: Send) -> None:
         async def emit(chunks: list[dict[str, Any]]) -> None:
             self.events += len(chunks)
-            await send_soon(out, b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks]))
+            await send(b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks]))
 
         await self.turn.run(emit)
-        await out.send(encode_done())
+        await send(encode_done())
 
 
 class MessagesEventStream(TurnStream):
@@ -387,10 +516,10 @@ class MessagesEventStream(TurnStream):
     def __init__(self, turn: ChatTurn, *, heartbeats: Heartbeats, request_id: str | None = None) -> None:
         super().__init__(turn, heartbeats=heartbeats, request_id=request_id)
 
-    async def produce(self, out: trio.MemorySendChannel[bytes]) -> None:
+    async def produce(self, send: Send) -> None:
         async def emit(events: list[dict[str, Any]]) -> None:
             self.events += len(events)
-            await send_soon(out, b"".join([encode_event(event) for event in events]))
+            await send(b"".join([encode_event(event) for event in events]))
 
         await self.turn.run(emit)
 
@@ -399,17 +528,3 @@ class MessagesEventStream(TurnStream):
 
 
 _PING = encode_event({"type": "ping"})
-
-
-async def send_soon(channel: trio.MemorySendChannel[Any], value: Any) -> None:
-    """Queue without yielding when there is room.
-
-    A plain `send` is a scheduling round per chunk: the turn and the writer
-    would take turns for every token, and every token would become its own
-    write to the client.  Queueing lets a burst of chunks that arrived
-    together leave together; a full buffer still pushes back.
-    """
-    try:
-        channel.send_nowait(value)
-    except trio.WouldBlock:
-        await channel.send(value)

@@ -65,6 +65,7 @@ class TurnBase:
         self._opening: ChatOpening | None = None  # the first round's request, when `begin` began it
         self._begun = False
         self._finished = False
+        self._slot_settled = False
 
     # --- the first round, begun early ----------------------------------------------
 
@@ -111,6 +112,13 @@ class TurnBase:
 
     async def _settle(self) -> None:
         """Give back what the turn held (the front end's own first), then its slot, counting its tokens."""
+        await self._settle_slot()
+
+    async def _settle_slot(self) -> None:
+        """The slot given back and the tokens counted, once (a turn may do it before its end)."""
+        if self._slot_settled:
+            return
+        self._slot_settled = True
         usage = self._usage()
         try:
             await self.resources.limiter.settle(self.slot, self.caller, int(usage.get("total_tokens") or 0))

@@ -496,9 +496,17 @@ class Turn(TurnBase):
             self.answered.set()
         tail = held
         if held and (self.store or self._lock is not None):
-            tail = await self._store_before(held, persist)
+            # The slot and tokens are settled while the record is stored (both wait on a store),
+            # so that the terminal event waits for one of them, not one after the other.
+            async with trio.open_nursery() as nursery:  # owned here: the settling beside the storing
+                nursery.start_soon(self._settle_shielded)
+                tail = await self._store_before(held, persist)
         self.events += tail
         await emit(tail)
+
+    async def _settle_shielded(self) -> None:
+        with trio.CancelScope(shield=True):  # (as at the turn's end: whatever happens to the request)
+            await self._settle_slot()
 
     async def _store_before(
         self, terminal: list[Event], persist: Callable[[StoredResponse], Awaitable[list[Event] | None]] | None
