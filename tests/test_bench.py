@@ -20,7 +20,7 @@ import trio
 from gateway.lab import loadtest
 from gateway.lab import floor
 from gateway.lab.bench import (
-    PATHS, Bench, Placement, Row, Spread, _path_rows, _Scenario, _spread, idle_policy, profile_layers, render, render_reproduction, reproduced,
+    PATHS, Bench, Placement, Row, Spread, _PacedScenario, _path_rows, _Scenario, _spread, idle_policy, profile_layers, render, render_reproduction, reproduced,
 )
 from gateway.lab.simulator import SimConfig, Simulator
 from gateway.lab.loadtest import ApiKind, LoadConfig, LoadReport, RequestResult, ServerUsage
@@ -336,3 +336,48 @@ async def test_a_process_the_bench_starts_unpinned_may_run_on_every_core_after_a
         assert os.sched_getaffinity(pinned.pid) == {first}
         assert os.sched_getaffinity(unpinned.pid) == every
     assert os.sched_getaffinity(0) == every
+
+
+def paced_report(cpu_ms: float, first: float, total: float) -> LoadReport:
+    """A paced run: 50 streams of 100 events, every stream's first text and end at these seconds."""
+    config = LoadConfig(url="http://127.0.0.1:1", api="responses", concurrency=50)
+    results = [RequestResult(status=200, events=100, time_to_first_text=first, total=total, ended=total) for _ in range(50)]
+    report = loadtest._aggregate(config, results, loadtest._Counters(), 0.0, 1.0, 0.0, None)
+    return dataclasses.replace(report, server=ServerUsage([1], 1, cpu_ms * 50 / 1000, cpu_ms, 0, 0, 0.0, 2))
+
+
+def paced_rows(tmp_path: pathlib.Path, wave_ms: float, added_s: float) -> dict[str, Row]:
+    bench = Bench(tmp_path, 1.0, quick=True)
+    paced = _PacedScenario(bench)
+    paced.direct = [paced_report(4.0, 0.040, 2.02) for _ in range(3)]
+    paced.via = [paced_report(12.0, 0.040 + added_s, 2.02 + added_s) for _ in range(3)]
+    paced.wave = [paced_report(wave_ms, 0.040, 0.040) for _ in range(3)]
+    paced.spread_direct = [paced_report(4.0, 0.001, 2.0) for _ in range(3)]
+    paced.spread_via = [paced_report(12.0, 0.0025, 2.0) for _ in range(3)]
+    paced.rows()
+    return {row.scenario: row for row in bench.rows}
+
+
+def test_a_paced_streams_added_time_over_its_target_names_the_wave_of_responses_ahead_of_it(tmp_path: pathlib.Path):
+    rows = paced_rows(tmp_path, wave_ms=2.0, added_s=0.030)
+    wave = rows["the paced streams' wave: 50 streams end on the same 20 ms step and start again together"]
+    assert wave.gateway == "2.00 ms [2.00 to 2.00]"
+    assert wave.direct == "× 50 streams = 100 ms of CPU per wave, 5.0 steps"
+    first = rows["time added to each event, paced, c=50: the first text delta (p50)"]
+    assert first.gateway == "+30.00 ms [+30.00 to +30.00]"
+    # Half the wave ahead of the median stream: 25 × 2 ms; +5 ms needs 0.2 ms per response.
+    assert first.met == "NO: the wave ahead of it, 25 × 2.00 ms = 50 ms of CPU; ≤ +5 ms needs ≤ 0.20 ms per response"
+    last = rows["time added to each event, paced, c=50: the last event (p99)"]
+    assert last.met.startswith("NO: the wave ahead of it, 49 × 2.00 ms = 98 ms of CPU")
+    # Started one by one, the same streams are within the targets, and no wave is named.
+    spread = rows["time added to each event, paced, c=50, starts spread over 2 s (the streams end and start one by one): the first text delta (p50)"]
+    assert (spread.gateway, spread.met) == ("+1.50 ms [+1.50 to +1.50]", "yes")
+    # Per event: 12 µs against the simulator's 4 µs.
+    assert rows["CPU per relayed event, paced: 50 streams, a chunk per write 20 ms apart"].ratio == "3.00 [3.00 to 3.00]× the simulator"
+
+
+def test_a_paced_stream_within_its_target_is_a_plain_yes_and_a_light_wave_names_no_floor(tmp_path: pathlib.Path):
+    assert paced_rows(tmp_path, wave_ms=2.0, added_s=0.003)["time added to each event, paced, c=50: the last event (p50)"].met == "yes"
+    # Over the target, but the wave ahead of it is lighter than the target: not the floor.
+    light = paced_rows(tmp_path, wave_ms=0.1, added_s=0.030)
+    assert light["time added to each event, paced, c=50: the first text delta (p50)"].met == "NO"
