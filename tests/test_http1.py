@@ -164,6 +164,61 @@ async def test_a_body_that_stops_mid_stream_times_out_and_one_cut_short_is_an_er
             await body_of(response)
 
 
+async def test_a_body_whose_read_timeout_a_ticker_keeps_reads_without_a_timer_and_times_out_the_same(nursery, autojump_clock):
+    from gateway.transport.heartbeats import Heartbeats
+
+    server = Server(lambda n: [HEAD + b"5\r\nhello\r\n"])  # and then nothing
+    url = await nursery.start(server.serve)
+    ticker = Heartbeats(1.6)  # looks every 0.1 s
+    await nursery.start(ticker.run)
+    transport = Http1Transport(max_connections=4)
+    response = await transport.handle_async_request(request(url, read=2.0))
+    body = response.stream
+    due = body.watched()  # type: ignore[union-attr]
+    assert due == pytest.approx(trio.current_time() + 2.0)
+    assert body.read_timeout == math.inf  # type: ignore[union-attr]
+    assert body.watched() is None  # type: ignore[union-attr]  # (handed over once)
+    ticket = ticker.add(body, due)
+    stream = body.__aiter__()  # type: ignore[union-attr]
+    assert await stream.__anext__() == b"hello"
+    # Busy elsewhere (not waiting on the backend) for longer than the bound: not a timeout.
+    await trio.sleep(5.0)
+    began = trio.current_time()
+    with pytest.raises(httpx2.ReadTimeout):
+        await stream.__anext__()
+    # Stopped at the ticker's first look past the bound: 2 s after the read began waiting.
+    assert 2.0 <= trio.current_time() - began <= 2.0 + 0.2
+    assert ticket.stream is None and body.beat(trio.current_time(), None) is None  # type: ignore[union-attr]  # (let go)
+    with trio.fail_after(10):
+        await response.aclose()
+        await server.closed.wait()  # and the connection is closed, not pooled
+    assert transport.connections == 0
+
+
+async def test_a_body_over_its_bound_but_given_data_in_time_is_read_to_its_end(nursery, autojump_clock):
+    from gateway.transport.heartbeats import Heartbeats
+
+    parts = [HEAD + b"5\r\nhello\r\n", b"5\r\nworld\r\n", b"0\r\n\r\n"]
+
+    async def slowly(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+        for part in parts:
+            await stream.send_all(part)
+            await trio.sleep(1.5)  # each under the 2 s bound; the whole body over it
+        await trio.sleep_forever()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    url = "http://127.0.0.1:%d" % listeners[0].socket.getsockname()[1]
+    nursery.start_soon(trio.serve_listeners, slowly, listeners)
+    ticker = Heartbeats(1.6)
+    await nursery.start(ticker.run)
+    transport = Http1Transport(max_connections=4)
+    response = await transport.handle_async_request(request(url, read=2.0))
+    due = response.stream.watched()  # type: ignore[union-attr]
+    ticker.add(response.stream, due)
+    assert await body_of(response) == b"helloworld"
+
+
 async def test_closing_a_body_early_closes_its_connection_at_once(nursery):
     server = Server(lambda n: [HEAD + b"5\r\nhello\r\n"])  # and then nothing: a long generation
     url = await nursery.start(server.serve)

@@ -218,6 +218,7 @@ class Lifespan:
             drain=self.drain,
             web_search=web_search,
             pages=pages,
+            read_watch=heartbeats,
         )
         # The ledger `build_telemetry` installed; an app given another telemetry gets an empty one.
         usage = ledger_of(self.telemetry) or UsageLedger()

@@ -34,8 +34,19 @@ __all__ = [
     "OpenAICompatibleBackend",
     "Passthrough",
     "PassthroughBackend",
+    "ReadWatch",
     "WaitClock",
 ]
+
+
+class ReadWatch(Protocol):
+    """A ticker that looks at each of many streams when it says (the process's `Heartbeats`):
+    a round's answer may hand it the bound on its reads, rather than keep a timer per read.
+
+    `add(stream, due)` looks at `stream.beat(now, stall_timeout)` from `due` on, until the
+    ticket it returns is cancelled or `beat` returns None."""
+
+    def add(self, stream: Any, due: float) -> Any: ...
 
 
 class ChatChunks(Protocol):
@@ -61,6 +72,9 @@ class ChatChunks(Protocol):
         ...
 
     def __aiter__(self) -> AsyncIterator[list[Any]]: ...
+
+    # An answer may also offer `watched_by(watch: ReadWatch) -> ticket | None` (looked up by
+    # name): its reads' timeout then kept by `watch`, the ticket cancelled when the round ends.
 
 
 class ChatOpening(Protocol):

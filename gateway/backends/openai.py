@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 import orjson
@@ -33,6 +33,9 @@ from ..ops.redact import Redactor, public_url
 from ..streams.chunks import ChunkDecoder
 from .http1 import FixedRequest, Http1Response, Http1Transport, SentRequest, WaitClock
 from .native import NativeRequest
+
+if TYPE_CHECKING:
+    from . import ReadWatch
 
 __all__ = [
     "COUNT_UNAVAILABLE",
@@ -109,6 +112,15 @@ class ChatStream:
     @property
     def saw_done(self) -> bool:
         return self._decoder.saw_done
+
+    def watched_by(self, watch: ReadWatch) -> Any:
+        """Hand the read timeout to `watch` (the process's ticker): the reads then keep no timer
+        of their own, and one that waits past it ends the same way, with `BackendTimeout`.  The
+        ticket, for the round to cancel at its end; None when the transport cannot (httpx2's,
+        TLS), and its reads keep their timers."""
+        watched = getattr(self._chunks, "watched", None)
+        due = watched() if watched is not None else None
+        return watch.add(self._chunks, due) if due is not None else None
 
     @property
     def waited(self) -> float:

@@ -189,6 +189,7 @@ class ChatTurn(TurnBase):
                     outcome=outcome,
                     on_answer=self._on_answer,
                     opening=self._opening,
+                    watch=resources.read_watch,
                 )
             if stop.cancelled_caught and not session.done:
                 self.failure = ShuttingDown.stopped()

@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 import trio
 
-from ..backends import ChatBackend
+from ..backends import ChatBackend, ReadWatch
 from ..backends.routing import context_window_of
 from ..builtins.fetch import Opened, PageTools
 from ..builtins.search import (
@@ -108,6 +108,8 @@ class Resources:
     drain: Drain = field(default_factory=Drain)
     web_search: WebSearch | None = None  # the gateway's web search, when WEB_SEARCH_URL names an engine
     pages: PageTools | None = None  # the pages a model opens (open_page, find_in_page, web_fetch)
+    # The process's ticker, which keeps the backend reads' timeout (`run_rounds`); None: a timer per read.
+    read_watch: ReadWatch | None = None
 
     @functools.cached_property
     def conversation_locks(self) -> conversation.ConversationLocks:
@@ -478,6 +480,7 @@ class Turn(TurnBase):
                         outcome=self.outcome,
                         opening=self._opening,
                         refit=self._refit if self.fits_on_error else None,
+                        watch=self.resources.read_watch,
                     )
                     self._note_failure(failure)
             if stop.cancelled_caught and not session.done:

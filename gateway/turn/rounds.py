@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from ..backends import ChatBackend, ChatOpening, NativeRequest, WaitClock
+from ..backends import ChatBackend, ChatOpening, NativeRequest, ReadWatch, WaitClock
 from ..errors import GatewayError
 from ..observe import Telemetry
 from ..observe.outcome import TurnOutcome, log_outcome
@@ -99,6 +99,7 @@ async def run_rounds(
     outcome: TurnOutcome | None = None,
     opening: ChatOpening | None = None,
     refit: Callable[[GatewayError], Awaitable[bool]] | None = None,
+    watch: ReadWatch | None = None,
 ) -> GatewayError | None:
     """Drive `session` through backend rounds and the gateway's tool calls until it is done.
 
@@ -113,6 +114,8 @@ async def run_rounds(
     the backend already (`ChatBackend`).  `refit` hears a first round's
     refusal before anything of it is emitted; True: it changed the
     request (fitted it into the context window), which is sent once more.
+    `watch`: the process's ticker, which keeps each round's read timeout
+    where the backend's answer can hand it over (no timer per read).
     """
     telemetry = telemetry or _NO_TELEMETRY
     failure: GatewayError | None = None
@@ -126,7 +129,7 @@ async def run_rounds(
                 return error
         first = False
         with telemetry.span("backend round", round=getattr(session, "rounds", 0)):
-            failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome, opening, refit) or failure
+            failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome, opening, refit, watch) or failure
             opening = refit = None
         if session.calls:
 
@@ -157,10 +160,11 @@ async def _run_round(
     outcome: TurnOutcome | None,
     opening: ChatOpening | None = None,
     refit: Callable[[GatewayError], Awaitable[bool]] | None = None,
+    watch: ReadWatch | None = None,
 ) -> GatewayError | None:
     while True:
         try:
-            return await _one_round(session, backend, emit, on_answer, telemetry, outcome, opening)
+            return await _one_round(session, backend, emit, on_answer, telemetry, outcome, opening, watch)
         except _Refused as refused:
             if refit is None or not await refit(refused.error):
                 error = refused.error
@@ -187,6 +191,7 @@ async def _one_round(
     telemetry: Telemetry,
     outcome: TurnOutcome | None,
     opening: ChatOpening | None,
+    watch: ReadWatch | None = None,
 ) -> GatewayError | None:
     headers = telemetry.trace_headers()
     if opening is None:
@@ -195,9 +200,13 @@ async def _one_round(
         opened = backend.open_chat_stream(session.request, headers=headers, native=session.native, opening=opening)  # type: ignore[call-arg]
     answered = False
     stream: Any = None
+    ticket: Any = None  # the read timeout's place on `watch`, when the answer handed it over
     try:
         async with opened as stream:
             answered = True
+            if watch is not None:
+                watched_by = getattr(stream, "watched_by", None)
+                ticket = watched_by(watch) if watched_by is not None else None
             if outcome is not None:
                 outcome.backend = getattr(stream, "backend", None)
             if on_answer is not None:
@@ -241,6 +250,8 @@ async def _one_round(
         await emit(failed_with(session, error))
         return error
     finally:
+        if ticket is not None:
+            ticket.cancel()
         if outcome is not None and stream is not None:  # what the backend kept the turn waiting
             outcome.waited += getattr(stream, "waited", 0.0)
     return None
