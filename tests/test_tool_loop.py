@@ -171,6 +171,24 @@ async def test_a_client_disconnect_cancels_an_in_flight_tool_call(tools_gateway,
     print(f"disconnect -> tool call cancelled: {(trio.current_time() - left_at) * 1000:.1f} ms")
 
 
+async def test_a_calls_in_progress_event_reaches_the_client_once_the_call_has_begun(tools_gateway, backend):
+    # The round's last events (the arguments done, `mcp_call.in_progress`) wait for the calls to
+    # begin: a client that reads them and leaves leaves a call that runs, and cancels it.
+    tools, start = tools_gateway
+    url = await start()
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as sdk:
+        async with await sdk.responses.create(model="mcp-slow", input="x", stream=True) as stream:
+            seen = []
+            async for event in stream:
+                seen.append(event.type)
+                if event.type == "response.mcp_call.in_progress":
+                    assert tools.slow_started.is_set()  # no wait: begun before the event left
+                    break
+    assert seen[-2:] == ["response.mcp_call_arguments.done", "response.mcp_call.in_progress"]
+    with trio.fail_after(5):
+        await tools.slow_cancelled.wait()
+
+
 async def test_a_conversation_continues_after_a_tool_round(tools_gateway, client, backend):
     tools, start = tools_gateway
     url = await start()

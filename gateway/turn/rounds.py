@@ -128,18 +128,28 @@ async def run_rounds(
                 await emit(failed_with(session, error))
                 return error
         first = False
+        held: list[list[Any]] = []  # the round's last events, when it ends in the gateway's calls
         with telemetry.span("backend round", round=getattr(session, "rounds", 0)):
-            failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome, opening, refit, watch) or failure
+            failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome, opening, refit, watch, held) or failure
             opening = refit = None
+        if held and not session.calls:  # (no calls after all: nothing to wait for)
+            for batch in held:
+                await emit(batch)
+            held.clear()
         if session.calls:
 
             async def report(call: RoundCall, outcome: ToolOutcome) -> None:
                 await emit(session.tool_result(call, output=outcome.output, error=outcome.error, detail=outcome.detail))
 
+            async def begun() -> None:  # the calls' `in_progress` events, once they are
+                for batch in held:
+                    await emit(batch)
+
             began = trio.current_time()
             try:
                 await run_calls(
-                    tools, session.calls, report, call_timeout=call_timeout, concurrency=concurrency, telemetry=telemetry
+                    tools, session.calls, report, call_timeout=call_timeout, concurrency=concurrency, telemetry=telemetry,
+                    begun=begun,
                 )
             finally:
                 if outcome is not None:  # (the calls are timed whole, whatever they wait on)
@@ -161,10 +171,11 @@ async def _run_round(
     opening: ChatOpening | None = None,
     refit: Callable[[GatewayError], Awaitable[bool]] | None = None,
     watch: ReadWatch | None = None,
+    held: list[list[Any]] | None = None,
 ) -> GatewayError | None:
     while True:
         try:
-            return await _one_round(session, backend, emit, on_answer, telemetry, outcome, opening, watch)
+            return await _one_round(session, backend, emit, on_answer, telemetry, outcome, opening, watch, held)
         except _Refused as refused:
             if refit is None or not await refit(refused.error):
                 error = refused.error
@@ -192,7 +203,12 @@ async def _one_round(
     outcome: TurnOutcome | None,
     opening: ChatOpening | None,
     watch: ReadWatch | None = None,
+    held: list[list[Any]] | None = None,
 ) -> GatewayError | None:
+    """One backend round.  Its last events go to `held` rather than `emit` when the round ends
+    in the gateway's calls: they say the calls are in progress, and leave once the calls have
+    begun (`run_calls`' `begun`), so that a client that leaves on seeing them leaves calls that
+    are running, and cancels them."""
     headers = telemetry.trace_headers()
     if opening is None:
         opened = backend.open_chat_stream(session.request, headers=headers, native=session.native)
@@ -229,7 +245,11 @@ async def _one_round(
                     window_end = now + _BATCH_WINDOW
                 sliced = eager and len(batch) > _FIRST_SLICE
                 for part in _slices(batch) if sliced else (batch,):
-                    await emit(session.feed_batch(part))
+                    events = session.feed_batch(part)
+                    if held is not None and session.calls:  # the round ended in the gateway's calls
+                        held.append(events)
+                    else:
+                        await emit(events)
                     if session.done and not stream.saw_done:
                         return None  # failed on a chunk: nothing more to read
                     # Batching buys throughput but must not hold tokens back: at
@@ -240,13 +260,21 @@ async def _one_round(
                     if eager or trio.current_time() >= window_end:
                         await trio.lowlevel.checkpoint()
                         window_end = trio.current_time() + _BATCH_WINDOW
-            await emit(session.end_of_stream())
+            last = session.end_of_stream()
+            if held is not None and session.calls:
+                held.append(last)
+            else:
+                await emit(last)
     except GatewayError as error:
         telemetry.backend_error(error.code or "backend_error", route=_model(session.request))
         if not answered:
             raise _Refused(error) from None
         if on_answer is not None:
             on_answer(error)
+        if held:  # (no calls will run: what was held goes first)
+            for events in held:
+                await emit(events)
+            held.clear()
         await emit(failed_with(session, error))
         return error
     finally:

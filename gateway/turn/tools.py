@@ -130,45 +130,70 @@ async def run_calls(
     call_timeout: float,
     concurrency: int,
     telemetry: Telemetry | None = None,
+    begun: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Run the gateway's calls concurrently (at most `concurrency` at once, each within `call_timeout`).
 
     `on_result` is awaited once per call as soon as it finishes, one at a
     time and in the order they finish (so the caller can emit in order).
-    The nursery is this function's; cancelling the caller cancels the calls.
+    `begun` is awaited once every call has begun (or waits for a free slot),
+    before any result: what tells the client the calls are in progress goes
+    out once they are.  The nursery is this function's; cancelling the
+    caller cancels the calls.
     """
     limiter = trio.CapacityLimiter(concurrency)
     send, receive = trio.open_memory_channel[tuple[RoundCall, ToolOutcome]](len(calls) or 1)
     observe = telemetry or Telemetry()
 
-    async def one(call: RoundCall, send: trio.MemorySendChannel[tuple[RoundCall, ToolOutcome]]) -> None:
-        async with send, limiter:
-            started = trio.current_time()
-            kind = "ok"
-            with observe.span("mcp call", server=call.server or "", tool=call.name):
-                try:
-                    with trio.fail_after(call_timeout):
-                        outcome = await tools.run(call)
-                    kind = "ok" if outcome.error is None else "error"
-                except trio.TooSlowError:
-                    outcome = ToolOutcome(error=f"the tool call timed out after {call_timeout:g} s")
-                    kind = "timeout"
-                except Exception as exc:  # a runner bug must not end the response
-                    log.warning("tool %s failed unexpectedly (%s)", call.name, type(exc).__name__)
-                    outcome = ToolOutcome(error="the tool failed")
-                    kind = "error"
-                observe.mcp_call(
-                    server=tools.routes.get(call.name, call.server or ""),
-                    tool=call.name,
-                    outcome=kind,
-                    seconds=trio.current_time() - started,
-                )
-            await send.send((call, outcome))
+    async def one(
+        call: RoundCall,
+        send: trio.MemorySendChannel[tuple[RoundCall, ToolOutcome]],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with send:
+            try:
+                limiter.acquire_nowait()
+            except trio.WouldBlock:
+                task_status.started()  # (it waits for a slot: the next call begins meanwhile)
+                await limiter.acquire()
+            else:
+                # The caller resumes once this task yields: inside the call, begun.
+                task_status.started()
+            try:
+                await _one_call(call, send)
+            finally:
+                limiter.release()
+
+    async def _one_call(call: RoundCall, send: trio.MemorySendChannel[tuple[RoundCall, ToolOutcome]]) -> None:
+        started = trio.current_time()
+        kind = "ok"
+        with observe.span("mcp call", server=call.server or "", tool=call.name):
+            try:
+                with trio.fail_after(call_timeout):
+                    outcome = await tools.run(call)
+                kind = "ok" if outcome.error is None else "error"
+            except trio.TooSlowError:
+                outcome = ToolOutcome(error=f"the tool call timed out after {call_timeout:g} s")
+                kind = "timeout"
+            except Exception as exc:  # a runner bug must not end the response
+                log.warning("tool %s failed unexpectedly (%s)", call.name, type(exc).__name__)
+                outcome = ToolOutcome(error="the tool failed")
+                kind = "error"
+            observe.mcp_call(
+                server=tools.routes.get(call.name, call.server or ""),
+                tool=call.name,
+                outcome=kind,
+                seconds=trio.current_time() - started,
+            )
+        await send.send((call, outcome))
 
     async with trio.open_nursery() as nursery:
         async with send:
             for call in calls:
-                nursery.start_soon(one, call, send.clone())
+                await nursery.start(one, call, send.clone())
+        if begun is not None:
+            await begun()
         async with receive:
             async for call, outcome in receive:
                 await on_result(call, outcome)
