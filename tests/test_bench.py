@@ -20,7 +20,7 @@ import trio
 from gateway.lab import loadtest
 from gateway.lab import floor
 from gateway.lab.bench import (
-    PATHS, Bench, Placement, Row, Spread, _PacedScenario, _path_rows, _Scenario, _spread, idle_policy, profile_layers, render, render_reproduction, reproduced,
+    PATHS, Bench, Placement, Row, Spread, _PacedScenario, _ScaleScenario, _path_rows, _Scenario, _spread, idle_policy, profile_layers, render, render_reproduction, reproduced,
 )
 from gateway.lab.simulator import SimConfig, Simulator
 from gateway.lab.loadtest import ApiKind, LoadConfig, LoadReport, RequestResult, ServerUsage
@@ -381,3 +381,21 @@ def test_a_paced_stream_within_its_target_is_a_plain_yes_and_a_light_wave_names_
     # Over the target, but the wave ahead of it is lighter than the target: not the floor.
     light = paced_rows(tmp_path, wave_ms=0.1, added_s=0.030)
     assert light["time added to each event, paced, c=50: the first text delta (p50)"].met == "NO"
+
+
+def test_a_scale_row_says_cpu_per_event_the_added_time_whether_the_gateway_keeps_up_and_when_the_tools_fall_behind(tmp_path: pathlib.Path):
+    bench = Bench(tmp_path, 1.0, quick=True)
+    scale = _ScaleScenario(bench, streams=(500,))
+    # Direct: a 2 s stream lasts 2.5 s (the tools themselves behind); one worker keeps 0.96 of it.
+    direct = [dataclasses.replace(paced_report(4.0, 0.001, 2.5), throughput_rps=100.0) for _ in range(3)]
+    scale.runs[("direct", 500)] = direct
+    scale.runs[("1w", 500)] = [dataclasses.replace(paced_report(6.0, 0.001, 2.6), throughput_rps=96.0) for _ in range(3)]
+    scale.runs[("2w", 500)] = [dataclasses.replace(paced_report(8.0, 0.001, 3.0), throughput_rps=50.0) for _ in range(3)]
+    scale.rows()
+    rows = {row.scenario: row for row in bench.rows}
+    one = rows["paced at scale: 500 streams, a chunk per 20 ms each, one worker"]
+    assert one.gateway == "60.0 µs [60.0 to 60.0]; +100.0 ms [+100.0 to +100.0] / +100.0 ms [+100.0 to +100.0]"
+    assert one.direct == "40.0 µs [40.0 to 40.0] (simulator); the tools fall behind: a 2 s stream lasts 2.5 s direct"
+    assert (one.ratio, one.target, one.met) == ("0.96 [0.96 to 0.96]", "keeps up: ≥ 0.95", "yes")
+    two = rows["paced at scale: 500 streams, a chunk per 20 ms each, --workers 2"]
+    assert (two.ratio, two.met) == ("0.50 [0.50 to 0.50]", "NO")
