@@ -102,6 +102,28 @@ async def test_every_token_goes_out_from_the_turns_own_task_and_no_send_loop_tas
     assert body.first_write_at is not None and not body.client_left
 
 
+async def test_the_terminal_event_and_done_leave_in_one_write(autojump_clock, nursery):
+    # A client that acts on `response.completed` (a browser's reader, an SDK that stops there)
+    # has the whole stream in the same read: `[DONE]` is not a write of its own after it.
+    backend = ChannelBackend()
+    backend.answer.set()
+    body = await make_body(backend, interval=5.0, nursery=nursery)
+    path = RecordingPath()
+
+    async def tokens() -> None:
+        await backend.asked.wait()
+        for n in range(3):
+            await trio.sleep(0.02)
+            await backend.send.send(sse(f"t{n} "))
+        await backend.send.send(b"data: [DONE]\n\n")
+
+    nursery.start_soon(tokens)
+    await body.serve(path)
+    (terminal,) = [data for _, data, _, _ in path.writes if b"event: response.completed" in data]
+    assert terminal.endswith(b"data: [DONE]\n\n") and path.body.count(b"data: [DONE]") == 1
+    assert path.writes[-1][2]  # and then the end
+
+
 async def test_a_keep_alive_goes_out_from_a_loop_task_and_tokens_queued_behind_a_slow_write_leave_in_one(
     autojump_clock, nursery
 ):

@@ -35,6 +35,7 @@ from ..streams.sse import (
     encode_event,
     obfuscated,
 )
+from ..streams.translator import TERMINAL_EVENTS
 from ..turn import Turn
 from ..turn.base import Delivery
 from ..turn.chat import ChatTurn
@@ -54,6 +55,7 @@ __all__ = [
 
 log = logging.getLogger("gateway.sse")
 _COMMENT = encode_comment()  # the keep-alive of a quiet stream
+_DONE = encode_done()
 
 SSE_HEADERS = {
     "content-type": "text/event-stream; charset=utf-8",
@@ -260,6 +262,15 @@ class EventChannelBody(DeferredHeadBody):
         while len(self._queued) >= _QUEUED:
             await self._room.park()
 
+    async def _send_last(self, data: bytes) -> None:
+        """The producer's way out for what it sends last (its terminal event, `[DONE]`): queued
+        for the response's end, which follows at once, so that they leave in one write with it;
+        sent as `_send` sends while the head is not out."""
+        if self._committed is None:
+            await self._send(data)
+            return
+        self._queued.append(data)
+
     async def _send_now(self, path: SendPath, data: bytes, *, last: bool = False) -> None:
         """Send what is queued and `data` from this task (no send loop is at work)."""
         if self._queued:
@@ -462,18 +473,30 @@ class TurnEventStream(TurnStream):
         super().__init__(turn, heartbeats=heartbeats)
 
     async def produce(self, send: Send) -> None:
+        # `[DONE]` leaves with the terminal event, in its write: a client that acts on the
+        # terminal event has the whole stream (the turn may still settle its slot after it).
+        done = [False]
+
+        def framed(events: list[dict[str, Any]], data: bytes) -> bytes:
+            if events and events[-1]["type"] in TERMINAL_EVENTS:
+                done[0] = True
+                return data + _DONE
+            return data
+
         async def emit(events: list[dict[str, Any]]) -> None:
             self.events += len(events)
-            await send(b"".join([encode_event(event) for event in events]))
+            await send(framed(events, b"".join([encode_event(event) for event in events])))
 
         async def emit_obfuscated(events: list[dict[str, Any]]) -> None:
             self.events += len(events)
             # (padded as they are written: the turn keeps, stores and replays them unpadded)
-            await send(b"".join([encode_event(obfuscated(e, os.urandom(32)) if e["type"] in OBFUSCATED else e) for e in events]))
+            padded = [encode_event(obfuscated(e, os.urandom(32)) if e["type"] in OBFUSCATED else e) for e in events]
+            await send(framed(events, b"".join(padded)))
 
         options = self.turn.req.stream_options
         await self.turn.run(emit_obfuscated if options is not None and options.include_obfuscation else emit)
-        await send(encode_done())
+        if not done[0]:  # (a turn always ends with its terminal event; this is the rule's backstop)
+            await send(_DONE)
 
     def keep_alive(self) -> bytes:
         """A numbered `ping` event in the required_action protocol (when it can go in order)."""
@@ -498,7 +521,7 @@ class ChatEventStream(TurnStream):
             await send(b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks]))
 
         await self.turn.run(emit)
-        await send(encode_done())
+        await self._send_last(encode_done())  # (with the body's end, in one write)
 
 
 class MessagesEventStream(TurnStream):
