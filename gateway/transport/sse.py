@@ -263,9 +263,9 @@ class EventChannelBody(DeferredHeadBody):
             await self._room.park()
 
     async def _send_last(self, data: bytes) -> None:
-        """The producer's way out for what it sends last (its terminal event, `[DONE]`): queued
-        for the response's end, which follows at once, so that they leave in one write with it;
-        sent as `_send` sends while the head is not out."""
+        """The producer's way out for what it sends last (a chat stream's `[DONE]`): queued for
+        the response's end, which follows at once, so that they leave in one write; sent as
+        `_send` sends while the head is not out."""
         if self._committed is None:
             await self._send(data)
             return
@@ -521,7 +521,7 @@ class ChatEventStream(TurnStream):
             await send(b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks]))
 
         await self.turn.run(emit)
-        await self._send_last(encode_done())  # (with the body's end, in one write)
+        await self._send_last(_DONE)  # (with the body's end, in one write)
 
 
 class MessagesEventStream(TurnStream):

@@ -132,18 +132,15 @@ async def run_rounds(
         with telemetry.span("backend round", round=getattr(session, "rounds", 0)):
             failure = await _run_round(session, backend, emit, on_answer, telemetry, outcome, opening, refit, watch, held) or failure
             opening = refit = None
-        if held and not session.calls:  # (no calls after all: nothing to wait for)
-            for batch in held:
-                await emit(batch)
-            held.clear()
+        if not session.calls:  # (no calls after all: nothing to wait for)
+            await _release(held, emit)
         if session.calls:
 
             async def report(call: RoundCall, outcome: ToolOutcome) -> None:
                 await emit(session.tool_result(call, output=outcome.output, error=outcome.error, detail=outcome.detail))
 
             async def begun() -> None:  # the calls' `in_progress` events, once they are
-                for batch in held:
-                    await emit(batch)
+                await _release(held, emit)
 
             began = trio.current_time()
             try:
@@ -271,10 +268,8 @@ async def _one_round(
             raise _Refused(error) from None
         if on_answer is not None:
             on_answer(error)
-        if held:  # (no calls will run: what was held goes first)
-            for events in held:
-                await emit(events)
-            held.clear()
+        if held is not None:  # (no calls will run: what was held goes first)
+            await _release(held, emit)
         await emit(failed_with(session, error))
         return error
     finally:
@@ -286,6 +281,12 @@ async def _one_round(
 
 
 _NO_WAITS = WaitClock()
+
+
+async def _release(held: list[list[Any]], emit: Callable[[list[Any]], Awaitable[None]]) -> None:
+    """Emit the batches a round held back (`_one_round`), in order, and forget them."""
+    while held:
+        await emit(held.pop(0))
 
 
 def _model(request: dict[str, Any]) -> str | None:
