@@ -22,7 +22,7 @@ import trio
 import gateway
 from gateway.errors import RequestTooLarge
 from gateway.app.bodies import read_body
-from gateway.server.ext import HTTP11 as HTTP11_EXTENSION
+from gateway.server.ext import BATCH as BATCH_EXTENSION, HTTP11 as HTTP11_EXTENSION, STREAM as STREAM_EXTENSION
 from asgi_helpers import answer_lifespan
 from conftest import make_settings, parse_sse
 from test_http_edges import STREAM_BODY, connect, dechunk, error_of, read_until_closed, split_response
@@ -250,3 +250,43 @@ async def test_read_body_goes_on_reading_when_a_body_said_whole_comes_in_parts()
     with pytest.raises(RequestTooLarge):
         messages[:] = [{"type": "http.request", "body": b"x" * 101}]
         await read_body(receive, 100, 5, scope)
+
+
+async def test_the_stream_extension_writes_a_bodys_pieces_as_its_messages_would_and_keeps_the_framers_count(nursery):
+    # `gateway.stream`: a piece of a started body without a message. The first piece carries
+    # the held head; an empty piece writes nothing; pieces inside a `gateway.batch` hold leave
+    # in one write; a body with a Content-Length still has its pieces counted (too many bytes
+    # and the connection is not kept alive), and the last body goes as a message.
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
+        await receive()
+        piece = scope["extensions"][STREAM_EXTENSION]["write"]
+        hold = scope["extensions"][BATCH_EXTENSION]["hold"]
+        if scope["path"] == "/chunked":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+            await piece(b"one ")
+            await piece(b"")
+            async with hold():
+                await piece(b"two ")
+                await piece(b"three ")
+            await send({"type": "http.response.body", "body": b"end"})
+        else:
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
+            await piece(b"ab")
+            await piece(b"cde")  # one byte past its length
+            await send({"type": "http.response.body", "body": b""})
+
+    url = await nursery.start(functools.partial(gateway.serve, make_settings("http://127.0.0.1:9"), app=app))  # type: ignore[arg-type]
+    async with await connect(url) as stream:
+        await stream.send_all(b"GET /chunked HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer, rest = await read_response(stream)
+        status, headers, body = split_response(answer)
+        assert status == 200 and headers[b"transfer-encoding"] == b"chunked" and rest == b""
+        assert body == b"4\r\none \r\n4\r\ntwo \r\n6\r\nthree \r\n3\r\nend\r\n0\r\n\r\n"
+        assert dechunk(body) == b"one two three end"
+        await stream.send_all(b"GET /counted HTTP/1.1\r\nHost: x\r\n\r\n")  # the connection was kept alive
+        answer = await read_until_closed(stream)
+    status, headers, body = split_response(answer)
+    assert status == 200 and headers[b"content-length"] == b"4" and body == b"abcd"  # cut at its length, then closed

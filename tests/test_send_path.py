@@ -17,9 +17,15 @@ import trio
 import trio.testing
 
 from conftest import parse_sse
+from gateway.transport.asgi import SendLoop
 from gateway.transport.body import DeferredHeadBody, SendPath
 from scripted_backend import chunk
 from test_concurrency import HEARTBEAT, ChannelBackend, make_body
+
+
+def is_turn(task: trio.lowlevel.Task) -> bool:
+    """The task that runs the turn: the one the body's nursery runs its producer in."""
+    return task.name.endswith("._produce_then_end")
 
 
 class RecordingPath(SendPath):
@@ -69,7 +75,6 @@ async def test_every_token_goes_out_from_the_turns_own_task_and_no_send_loop_tas
     body = await make_body(backend, interval=5.0, nursery=nursery)
     path = RecordingPath()
     steps = Steps()
-    producer: list[trio.lowlevel.Task] = []
 
     async def tokens() -> None:
         await backend.asked.wait()
@@ -80,7 +85,6 @@ async def test_every_token_goes_out_from_the_turns_own_task_and_no_send_loop_tas
         await backend.send.send(b"data: [DONE]\n\n")
 
     async def serve() -> None:
-        producer.append(trio.lowlevel.current_task())
         await body.serve(path)
 
     nursery.start_soon(tokens)
@@ -95,9 +99,9 @@ async def test_every_token_goes_out_from_the_turns_own_task_and_no_send_loop_tas
     # Every token, the terminal event and the end were written by the task that runs the turn;
     # the send loop's first task wrote the head and what the turn had queued before the backend
     # answered, then ended: no loop task took a step while the tokens came.
-    loop_writes = [data for _, data, _, task in path.writes if task is not producer[0]]
+    loop_writes = [data for _, data, _, task in path.writes if not is_turn(task)]
     assert len(loop_writes) <= 1 and b"response.output_text.delta" not in b"".join(loop_writes)
-    assert path.writes[-1][2] and path.writes[-1][3] is producer[0]
+    assert path.writes[-1][2] and is_turn(path.writes[-1][3])
     assert steps.by_name["_first_loop"] <= 1 and steps.by_name["_drain"] == 0
     assert body.first_write_at is not None and not body.client_left
 
@@ -131,7 +135,6 @@ async def test_a_keep_alive_goes_out_from_a_loop_task_and_tokens_queued_behind_a
     backend.answer.set()
     body = await make_body(backend, interval=2.0, nursery=nursery)
     path = RecordingPath()
-    producer: list[trio.lowlevel.Task] = []
     released = trio.Event()
 
     async def script() -> None:
@@ -151,7 +154,6 @@ async def test_a_keep_alive_goes_out_from_a_loop_task_and_tokens_queued_behind_a
         await backend.send.send(b"data: [DONE]\n\n")
 
     async def serve() -> None:
-        producer.append(trio.lowlevel.current_task())
         await body.serve(path)
 
     nursery.start_soon(script)
@@ -159,7 +161,7 @@ async def test_a_keep_alive_goes_out_from_a_loop_task_and_tokens_queued_behind_a
 
     kinds = []
     for _, data, _, task in path.writes:
-        mine = "turn" if task is producer[0] else "loop"
+        mine = "turn" if is_turn(task) else "loop"
         if data == HEARTBEAT:
             kinds.append((mine, "keep-alive"))
         elif b"response.output_text.delta" in data:
@@ -232,7 +234,6 @@ async def test_a_backend_slow_to_answer_gets_the_head_and_keep_alives_from_loop_
     backend = ChannelBackend()
     body = await make_body(backend, interval=2.0, nursery=nursery)
     path = RecordingPath()
-    producer: list[trio.lowlevel.Task] = []
 
     async def script() -> None:
         await trio.sleep(4.5)
@@ -242,14 +243,13 @@ async def test_a_backend_slow_to_answer_gets_the_head_and_keep_alives_from_loop_
         await backend.send.send(b"data: [DONE]\n\n")
 
     async def serve() -> None:
-        producer.append(trio.lowlevel.current_task())
         await body.serve(path)
 
     nursery.start_soon(script)
     await serve()
     by: list[tuple[float, str, Any]] = []
     for at, data, _, task in path.writes:
-        by.append((at, "turn" if task is producer[0] else "loop", HEARTBEAT if data == HEARTBEAT else data[:40]))
+        by.append((at, "turn" if is_turn(task) else "loop", HEARTBEAT if data == HEARTBEAT else data[:40]))
     # The head commits after half an interval (the stream's created and in_progress with it),
     # keep-alives follow each silent interval, all from loop tasks; the late token from the turn.
     assert by[0][0] == 1.0 and by[0][1] == "loop" and b"response.created" in path.writes[0][1]
@@ -257,3 +257,30 @@ async def test_a_backend_slow_to_answer_gets_the_head_and_keep_alives_from_loop_
     late = next(i for i, w in enumerate(path.writes) if b"late" in w[1])
     assert by[late][1] == "turn" and by[late][0] == 4.5
     assert parse_sse(path.body)[-1] == "[DONE]" and path.ended
+
+
+async def test_a_send_loop_sends_a_bodys_pieces_by_the_servers_stream_extension_and_its_head_and_end_as_messages():
+    # Where the server offers `gateway.stream`, the pieces between the head and the end go
+    # without a message each (nor the app's wrappers of `send`, which act on those two only).
+    messages: list[dict[str, Any]] = []
+    pieces: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    async def piece(data: bytes) -> None:
+        pieces.append(data)
+
+    for offered in (piece, None):
+        messages.clear()
+        loop = SendLoop(send, offered)
+        await loop.start(200, {"content-type": "text/event-stream"})
+        await loop.write(b"one")
+        await loop.write(b"two")
+        await loop.write(b"end", last=True)
+        assert loop.ended and messages[0]["type"] == "http.response.start"
+        bodies = [(m["body"], m["more_body"]) for m in messages[1:]]
+        if offered is piece:
+            assert pieces == [b"one", b"two"] and bodies == [(b"end", False)]
+        else:
+            assert bodies == [(b"one", True), (b"two", True), (b"end", False)]

@@ -184,6 +184,7 @@ class _Connection:
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     raise httpx2.ReadError("the connection was lost") from exc
             raise httpx2.ReadTimeout("timed out reading from the backend")
+        waited = False
         while True:
             if not self.drained:
                 try:
@@ -196,9 +197,11 @@ class _Connection:
                     # A read that did not fill the buffer most likely took all there was: the
                     # next one waits for the socket first, rather than fail with EAGAIN.
                     self.drained = 0 < len(data) < _READ_SIZE
-                    await trio.lowlevel.checkpoint_if_cancelled()
+                    if not waited:  # (a read that waited was a checkpoint already)
+                        await trio.lowlevel.checkpoint_if_cancelled()
                     return data
             self.drained = False
+            waited = True
             began = self.waiting_since = trio.current_time()  # (`_waiting` inlined: this wait is the hot path's)
             timed_out = False
             try:

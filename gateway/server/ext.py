@@ -15,6 +15,14 @@ none changes what is sent.
     BATCH       {"hold": () -> async context manager}.  What is sent inside
                 leaves in one write when the block ends (a cancelled sender
                 writes nothing).
+    STREAM      {"write": async (bytes) -> None}.  A piece of the started
+                response's body, sent as `http.response.body` with
+                `more_body: True` would send it, without the message and
+                without passing through the app's wrappers of `send`: the
+                path of every streamed event.  A wrapper that must see the
+                body's pieces (none of the gateway's does: they act on
+                `http.response.start` and the last body) removes it from the
+                scope it passes on.
 
 `extension(scope, name)` is how an app asks.
 """
@@ -24,11 +32,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["BATCH", "DISCONNECT", "HTTP11", "extension"]
+__all__ = ["BATCH", "DISCONNECT", "HTTP11", "STREAM", "extension"]
 
 HTTP11 = "gateway.http11"
 DISCONNECT = "gateway.disconnect"
 BATCH = "gateway.batch"
+STREAM = "gateway.stream"
 
 
 def extension(scope: Mapping[str, Any], name: str) -> Any:

@@ -590,7 +590,11 @@ class _Exchange:
         }
 
     def _extensions(self) -> dict[str, Any]:
-        extensions: dict[str, Any] = {ext.HTTP11: {"body_ready": self.body_ready}, ext.BATCH: {"hold": self.connection.hold}}
+        extensions: dict[str, Any] = {
+            ext.HTTP11: {"body_ready": self.body_ready},
+            ext.BATCH: {"hold": self.connection.hold},
+            ext.STREAM: {"write": self.write_piece},
+        }
         if self.connection.server.hangups is not None:
             extensions[ext.DISCONNECT] = {"watch": self.watch_leaving}
         return extensions
@@ -691,6 +695,19 @@ class _Exchange:
             callback()
 
     # --- what the app says ------------------------------------------------------------------
+
+    async def write_piece(self, data: bytes) -> None:
+        """The `gateway.stream` extension: `data` as the body's next chunk, as `send` would frame
+        and write it for `http.response.body` with `more_body`, with no message to look into."""
+        framer = self.framer
+        connection = self.connection
+        if self.head is None and data and framer is not None and framer.plain_chunks and not (self.complete or connection.write_over):
+            if connection.batch is None:  # (`write`, without its step)
+                await connection.write_now(b"%x\r\n%b\r\n" % (len(data), data))
+            else:
+                connection.batch.append(b"%x\r\n%b\r\n" % (len(data), data))
+            return
+        await self.send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def send(self, message: Message) -> None:
         kind = message["type"]

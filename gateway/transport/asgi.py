@@ -20,6 +20,7 @@ from typing import Any
 from quart import Response
 from quart_trio.asgi import TrioASGIHTTPConnection
 
+from ..server.ext import STREAM, extension
 from .body import DeferredHeadBody, SendPath
 from .leaving import watch_for
 
@@ -36,18 +37,23 @@ async def send_body(body: DeferredHeadBody, send: Send) -> None:
 
 
 async def stream(body: DeferredHeadBody, scope: Any, receive: Receive, send: Send) -> None:
-    """`send_body`, ended at once when the client disconnects (`transport.leaving`)."""
-    await body.serve(SendLoop(send), watch_for(scope, receive))
+    """`send_body`, ended at once when the client disconnects (`transport.leaving`); the body's
+    pieces go straight to the server where it offers that (`gateway.stream`)."""
+    offered = extension(scope, STREAM)
+    await body.serve(SendLoop(send, offered["write"] if offered else None), watch_for(scope, receive))
 
 
 class SendLoop(SendPath):
     """The send loop over a body on an ASGI `send`: its status line once decided, every write,
-    then the end; and the same messages for a body that sends from its own task (`SendPath`)."""
+    then the end; and the same messages for a body that sends from its own task (`SendPath`).
+    `piece`: the server's way to send the body's pieces between the head and the end without a
+    message each (the `gateway.stream` extension), where it offers one."""
 
-    __slots__ = ("_send", "ended")
+    __slots__ = ("_send", "_piece", "ended")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, piece: Callable[[bytes], Awaitable[None]] | None = None) -> None:
         self._send = send
+        self._piece = piece
         self.ended = False
 
     async def start(self, status: int, headers: dict[str, str]) -> None:
@@ -62,6 +68,9 @@ class SendLoop(SendPath):
     async def write(self, data: bytes, *, last: bool = False) -> None:
         if last:
             self.ended = True
+        elif self._piece is not None:  # (every event's path)
+            await self._piece(data)
+            return
         await self._send({"type": "http.response.body", "body": data, "more_body": not last})
 
     async def __call__(self, body: DeferredHeadBody) -> None:

@@ -2,14 +2,16 @@
 
 Every body is written by the HTTP layer's send loop (`write`), which the
 body runs in `serve`.  A streamed body owns the request's nursery, opened and
-closed in `serve` (never inside an async generator): the turn runs in the
-task that called it, so that it reaches its backend before anything else is
-set up, and the send loop (and the disconnect watch the HTTP layer may ask
-for) run beside it, linked by one memory channel of encoded bytes, which the
-process's one heartbeat ticker (heartbeats.py) also feeds:
+closed in `serve` (never inside an async generator): the turn runs in a task
+of it (its backend request begun before, on its way while the stream sets
+up) and writes its own events whenever no send-loop task is at work; such a
+task (and the disconnect watch the HTTP layer may ask for) runs beside it
+only while there is waiting to do: the head for a slow backend, a
+keep-alive the process's one heartbeat ticker (heartbeats.py) queued, a
+write the client has not taken yet.
 
-    the turn (backend rounds, tool calls) --bytes--> send loop (writes)
-    the process's heartbeat ticker        --bytes--/
+    the turn (backend rounds, tool calls) --bytes--> the socket, or the queue
+    the process's heartbeat ticker        --keep-alives--> the queue --> a send-loop task
 
 Each write coalesces what is queued.  The turn ends its stream with a
 terminal event whatever fails; only a client that leaves (cancellation
@@ -76,8 +78,8 @@ class EventChannelBody(DeferredHeadBody):
     """A streamed body whose producer sends its own bytes whenever no send loop is at work,
     kept alive by the process's ticker.
 
-    `produce` is the one producer, run by `serve` in its caller's task, with
-    `send` its way out.  Given a `SendPath` (the HTTP layer's send loop,
+    `produce` is the one producer, run by `serve` in a task of its nursery
+    (a plain `Write`: in its caller's task), with `send` its way out.  Given a `SendPath` (the HTTP layer's send loop,
     `asgi.SendLoop`), the producer sends the head (once `head_now` can
     decide it) and its bytes itself: a token the backend sent wakes one
     task, the backend's reader (which is the turn), and is on the socket
@@ -149,9 +151,7 @@ class EventChannelBody(DeferredHeadBody):
                 forget = watch(nursery) if watch is not None else None
                 self._ticket = self._heartbeats.add(self, now + self._interval)
                 nursery.start_soon(self._first_loop, path)
-                await self._run_producer()
-                if self._committed is not None and not self._loop_busy:  # (else a loop ends the response)
-                    await self._end(path)
+                nursery.start_soon(self._produce_then_end, path)
             if path is not None and nursery.cancel_scope.cancelled_caught and not path.ended:
                 self.client_left = True  # (the watch saw the client leave, or the server ended the request)
         except trio.Cancelled:
@@ -189,6 +189,14 @@ class EventChannelBody(DeferredHeadBody):
                 forget()
             # Everything useful has been sent (or the client left): the producer and the watch stop.
             self._nursery.cancel_scope.cancel()
+
+    async def _produce_then_end(self, path: SendPath) -> None:
+        """The producer, in a task of its own: resumed once per backend read, it is resumed
+        through its own frames only, not the HTTP layer's and the app's beneath `serve`
+        (a few microseconds per event on the paced load)."""
+        await self._run_producer()
+        if self._committed is not None and not self._loop_busy:  # (else a loop ends the response)
+            await self._end(path)
 
     async def _first_loop(self, path: SendPath) -> None:
         """The head, unless the producer sends it first; then what was queued meanwhile."""

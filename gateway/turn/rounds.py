@@ -234,10 +234,12 @@ async def _one_round(
                 # the rest is done; later reads go whole (fewer, larger writes).
                 now = trio.current_time()
                 eager = now < eager_until
-                if waits.waited != waited:
+                fresh = waits.waited != waited
+                if fresh:
                     # The read waited for the backend: the writer has had its turn
                     # meanwhile, so the window starts again (a model's paced tokens
-                    # cost no extra trip through the scheduler each).
+                    # cost no extra trip through the scheduler each, nor a look at
+                    # the clock: the next read that does not wait looks).
                     waited = waits.waited
                     window_end = now + _BATCH_WINDOW
                 sliced = eager and len(batch) > _FIRST_SLICE
@@ -254,7 +256,7 @@ async def _one_round(
                     # writer's few steps (the head, the first write) each wait
                     # for one part rather than a whole window; later, at least
                     # every window.
-                    if eager or trio.current_time() >= window_end:
+                    if eager or (not fresh and trio.current_time() >= window_end):
                         await trio.lowlevel.checkpoint()
                         window_end = trio.current_time() + _BATCH_WINDOW
             last = session.end_of_stream()
