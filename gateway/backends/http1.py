@@ -202,7 +202,8 @@ class _Connection:
                     return data
             self.drained = False
             waited = True
-            began = self.waiting_since = trio.current_time()  # (`_waiting` inlined: this wait is the hot path's)
+            clock = trio.lowlevel.current_clock().current_time  # (trio's clock, looked at directly)
+            began = self.waiting_since = clock()  # (`_waiting` inlined: this wait is the hot path's)
             timed_out = False
             try:
                 if timeout == math.inf:  # no timer: none to keep, or the caller bounds the wait (see _Body)
@@ -215,7 +216,7 @@ class _Connection:
                 raise httpx2.ReadError("the read was stopped") from exc
             finally:
                 self.waiting_since = None
-            self.waits.waited += trio.current_time() - began
+            self.waits.waited += clock() - began
             if timed_out:
                 raise httpx2.ReadTimeout("timed out reading from the backend")
 

@@ -234,7 +234,7 @@ def encode_event(event: dict) -> bytes:
     orjson escapes nothing that could break a line: it never emits a raw CR
     or LF inside a JSON document.
     """
-    return b"event: " + event["type"].encode() + b"\ndata: " + event_json(event) + b"\n\n"
+    return b"event: %b\ndata: %b\n\n" % (event["type"].encode(), event_json(event))
 
 
 def event_json(event: dict) -> bytes:
