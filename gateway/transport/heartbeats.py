@@ -18,9 +18,11 @@ reader that still reads.)  That stream is closed
 queued events and never grows memory without limit.
 
 The ticker is run by whoever owns the streams (the app's nursery); the
-tick is a sixteenth of the interval, so a quiet stream hears from the gateway
-within 1.0625 intervals plus however late the loop is (a tick looks only at
-the streams due then, so finer ticks cost nothing per stream).
+tick is a sixty-fourth of the interval, so a quiet stream hears from the
+gateway within 1.016 intervals plus however late the loop is (a tick looks
+only at the streams due then, so finer ticks cost nothing per stream; at
+10,000 streams a sixteenth let the longest silence reach 2.51 s of a 2 s
+interval, a sixty-fourth 2.43 s: docs/load-lab.md).
 
 Since every open stream is on the wheel, the wheel is also where the
 operator's list of live streams comes from (`open_streams`): each stream
@@ -105,7 +107,7 @@ class Heartbeats:
         """`stall_timeout`: None when the server itself bounds writes that make no progress."""
         self.interval = interval
         self.stall_timeout = stall_timeout
-        self._period = interval / 16
+        self._period = interval / 64
         self._wheel: dict[int, list[Ticket]] = {}
         self._tick: int | None = None  # the last tick looked at; None until running
 

@@ -22,7 +22,7 @@ a body that is not an event stream is read as fast as it comes.
 
 The reads keep no timer: a cancel scope per read cost more than the rest
 of a relayed read's work.  The process's ticker (`Heartbeats`) looks at
-the data deadline instead, at most a sixteenth of the heartbeat interval
+the data deadline instead, at most a sixty-fourth of the heartbeat interval
 after it passes, and a drain out of time stops the read the same way, by
 aborting the backend's body (`Passthrough.abort`).
 """
