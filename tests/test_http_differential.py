@@ -119,6 +119,8 @@ CORPUS: list[tuple[str, bytes]] = [
 
 _FOLD = re.compile(rb"\r?\n[ \t]")
 _BARE_LF = re.compile(rb"(?<!\r)\n")
+# The head of a request pipelined behind the first: its request line to its blank line.
+_LATER_HEAD = re.compile(rb"[A-Z][A-Z-]* [^ \r\n]+ HTTP/[0-9]\.[0-9]\r?\n.*?(?:\r\n\r\n|\Z)", re.S)
 _CTL_IN_VALUE = re.compile(rb"\n[^:\r\n]+:[^\r\n]*[\x01-\x08\x0e-\x1f\x7f]")
 _VERSION = re.compile(rb"^[^\r\n]* HTTP/([0-9]\.[0-9])\r?\n")
 # A chunk-size line (after the head, or after a chunk's CRLF) with whitespace in it, a bare CR in
@@ -133,7 +135,7 @@ def stricter(data: bytes) -> str | None:
     lowered = head.lower()
     if _FOLD.search(head):
         return "obs-fold (RFC 9112 §5.2: a server may reject it)"
-    if _BARE_LF.search(head) or _BARE_LF.search(rest[:64]):
+    if _BARE_LF.search(head) or _BARE_LF.search(rest[:64]) or any(_BARE_LF.search(h.group()) for h in _LATER_HEAD.finditer(rest)):
         return "a bare LF (RFC 9112 §2.2: a recipient may, not must, take LF alone)"
     if lowered.count(b"\r\ncontent-length:") > 1 or re.search(rb"\r\ncontent-length:[^\r\n]*,", lowered):
         return "a doubled or listed Content-Length (RFC 9110 §8.6: invalid unless identical; refused)"
