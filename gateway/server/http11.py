@@ -702,10 +702,7 @@ class _Exchange:
         framer = self.framer
         connection = self.connection
         if self.head is None and data and framer is not None and framer.plain_chunks and not (self.complete or connection.write_over):
-            if connection.batch is None:  # (`write`, without its step)
-                await connection.write_now(b"%x\r\n%b\r\n" % (len(data), data))
-            else:
-                connection.batch.append(b"%x\r\n%b\r\n" % (len(data), data))
+            await connection.write(b"%x\r\n%b\r\n" % (len(data), data))
             return
         await self.send({"type": "http.response.body", "body": data, "more_body": True})
 

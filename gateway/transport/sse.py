@@ -251,10 +251,6 @@ class EventChannelBody(DeferredHeadBody):
 
     async def _send(self, data: bytes) -> None:
         """The producer's way out (see the class)."""
-        committed = self._committed
-        if committed is not None and not self._loop_busy:  # (nearly every send of a stream)
-            await self._send_now(committed, data)
-            return
         path = self._path
         if not self._loop_busy and path is not None:
             if self._committed is None and not self._head_out:
@@ -497,9 +493,6 @@ class TurnEventStream(TurnStream):
 
         async def emit(events: list[dict[str, Any]]) -> None:
             self.events += len(events)
-            if len(events) == 1:  # (a paced stream's every event)
-                await send(framed(events, encode_event(events[0])))
-                return
             await send(framed(events, b"".join([encode_event(event) for event in events])))
 
         async def emit_obfuscated(events: list[dict[str, Any]]) -> None:
