@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import html
 import itertools
 import os
@@ -39,6 +40,7 @@ from gateway.lab.loadtest import (
     render_html,
     run_load,
 )
+from gateway.lab.loadtest.collector import LOADER_GC_THRESHOLDS, quiet_collector
 from gateway.lab.loadtest.config import DEFAULT_MAX_TOKENS
 from gateway.lab.loadtest.failures import body_failure
 from gateway.lab.loadtest.frames import TERMINAL_NAMES
@@ -187,6 +189,40 @@ async def server(nursery: trio.Nursery) -> ScriptedSSEServer:
 async def run(server: ScriptedSSEServer, **options: Any) -> loadtest.LoadReport:
     with trio.fail_after(10):
         return await run_load(LoadConfig(url=server.url, **options))
+
+
+# ---------------------------------------------------------------------------------------------
+# The load generator's own collector
+
+
+async def test_a_run_keeps_the_collector_quiet_while_it_measures_and_restores_it_after(
+    server: ScriptedSSEServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before, frozen_before = gc.get_threshold(), gc.get_freeze_count()
+    seen: list[tuple[tuple[int, int, int], int]] = []
+    serve = ScriptedSSEServer.__call__
+
+    async def noting(self: ScriptedSSEServer, scope: dict[str, Any], receive: Any, send: Send) -> None:
+        if scope["type"] == "http":  # the server shares the process: it sees the run's collector
+            seen.append((gc.get_threshold(), gc.get_freeze_count()))
+        await serve(self, scope, receive, send)
+
+    monkeypatch.setattr(ScriptedSSEServer, "__call__", noting)
+    report = await run(server, requests=3)
+
+    assert report.requests_completed == 3 and before != LOADER_GC_THRESHOLDS
+    assert [threshold for threshold, _ in seen] == [LOADER_GC_THRESHOLDS] * 3
+    assert all(frozen > frozen_before for _, frozen in seen)  # what lived before the run is out of sight
+    assert (gc.get_threshold(), gc.get_freeze_count()) == (before, frozen_before)
+
+
+def test_overlapping_runs_settle_the_collector_once_and_the_last_to_end_restores_it() -> None:
+    before = gc.get_threshold()
+    with quiet_collector():
+        with quiet_collector():
+            assert gc.get_threshold() == LOADER_GC_THRESHOLDS
+        assert gc.get_threshold() == LOADER_GC_THRESHOLDS  # the first run still measures
+    assert gc.get_threshold() == before
 
 
 # ---------------------------------------------------------------------------------------------

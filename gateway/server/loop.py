@@ -273,12 +273,15 @@ def _startup_failure_said_once(app: Any) -> Iterator[None]:
 # The collector's thresholds once the gateway serves.  With thousands of open
 # streams the heap holds millions of live objects, and every collection stops
 # every stream: a full collection walks them all, so the oldest generation is
-# looked at only after 2,000 middle ones (and then only if it grew by a
+# looked at only after 6,000 middle ones (and then only if it grew by a
 # quarter).  The younger ones stay small, because a stream's objects live
-# until it ends and all survive: a middle collection's pause grows with what
-# the young generations let through.  (The pauses and silences these were
-# chosen by: `gateway bench --only heartbeats`, docs/load-lab.md.)
-GC_THRESHOLDS = (20_000, 3, 2_000)
+# until it ends and all survive: a middle collection walks what the young
+# generations let through, so its pause grows with their thresholds (at
+# 10,000 slow streams on two cores, 20,000 × 3 paused the loop 100 to 140 ms
+# at a time, 5,000 × 4 at most 45 ms).  Both keep a full collection to one
+# per 120 million allocations.  (The pauses and silences these were chosen
+# by: `gateway bench --only heartbeats`, docs/load-lab.md.)
+GC_THRESHOLDS = (5_000, 4, 6_000)
 
 
 def settle_garbage_collector() -> None:

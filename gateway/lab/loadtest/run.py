@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import trio
 
 from .client import Client, Target
+from .collector import quiet_collector
 from .config import LoadConfig
 from .progress import run_progress
 from .report import Counters, LoadReport, RequestResult, aggregate
@@ -74,7 +75,9 @@ async def run_load(config: LoadConfig, *, server_pids: Sequence[int] = ()) -> Lo
 
     Requests that fail are counted, never raised. In-flight requests are allowed to finish
     after the duration ends (bounded by `config.timeout`), so slow streams are not dropped from
-    the distributions. Raises `ValueError` only for an invalid configuration.
+    the distributions. Raises `ValueError` only for an invalid configuration. While it runs, the
+    process's collector is kept quiet (`quiet_collector`): the load generator's own pauses are
+    not the server's.
     """
     target = Target.of(config)
     counters = Counters()
@@ -84,6 +87,17 @@ async def run_load(config: LoadConfig, *, server_pids: Sequence[int] = ()) -> Lo
     ]
     results: list[RequestResult] = []
     sampler = ProcessSampler(server_pids) if server_pids else None
+    with quiet_collector():
+        return await _run(config, clients, counters, results, sampler)
+
+
+async def _run(
+    config: LoadConfig,
+    clients: list[Client | WebSocketClient],
+    counters: Counters,
+    results: list[RequestResult],
+    sampler: ProcessSampler | None,
+) -> LoadReport:
     try:
         if config.warmup:
             await _run_phase(
