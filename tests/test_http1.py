@@ -169,7 +169,7 @@ async def test_a_body_whose_read_timeout_a_ticker_keeps_reads_without_a_timer_an
 
     server = Server(lambda n: [HEAD + b"5\r\nhello\r\n"])  # and then nothing
     url = await nursery.start(server.serve)
-    ticker = Heartbeats(1.6)  # looks every 0.1 s
+    ticker = Heartbeats(1.6)  # looks every 0.025 s (a sixty-fourth of its interval)
     await nursery.start(ticker.run)
     transport = Http1Transport(max_connections=4)
     response = await transport.handle_async_request(request(url, read=2.0))
