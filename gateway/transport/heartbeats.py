@@ -22,7 +22,8 @@ tick is a sixty-fourth of the interval, so a quiet stream hears from the
 gateway within 1.016 intervals plus however late the loop is (a tick looks
 only at the streams due then, so finer ticks cost nothing per stream; at
 10,000 streams a sixteenth let the longest silence reach 2.51 s of a 2 s
-interval, a sixty-fourth 2.43 s: docs/load-lab.md).
+interval, a sixty-fourth 2.43 s, and with the collector's pauses cut as
+well 2.13 s: docs/load-lab.md).
 
 Since every open stream is on the wheel, the wheel is also where the
 operator's list of live streams comes from (`open_streams`): each stream
