@@ -87,49 +87,39 @@ async def run_load(config: LoadConfig, *, server_pids: Sequence[int] = ()) -> Lo
     ]
     results: list[RequestResult] = []
     sampler = ProcessSampler(server_pids) if server_pids else None
-    with quiet_collector():
-        return await _run(config, clients, counters, results, sampler)
-
-
-async def _run(
-    config: LoadConfig,
-    clients: list[Client | WebSocketClient],
-    counters: Counters,
-    results: list[RequestResult],
-    sampler: ProcessSampler | None,
-) -> LoadReport:
     try:
-        if config.warmup:
-            await _run_phase(
-                clients, _Plan(config.warmup, None), config.timeout, time.perf_counter(), None, None
-            )
-        warm_connections = counters.connections_opened
-        warm_retries = counters.stale_retries
-        started_at = time.time()
-        cpu_start = time.process_time()
-        run_start = time.perf_counter()
-        deadline = None if config.duration is None else run_start + config.duration
-        if sampler is not None:
-            sampler.sample()
-        async with trio.open_nursery() as background:
+        with quiet_collector():  # (the warm-up's and the run's)
+            if config.warmup:
+                await _run_phase(
+                    clients, _Plan(config.warmup, None), config.timeout, time.perf_counter(), None, None
+                )
+            warm_connections = counters.connections_opened
+            warm_retries = counters.stale_retries
+            started_at = time.time()
+            cpu_start = time.process_time()
+            run_start = time.perf_counter()
+            deadline = None if config.duration is None else run_start + config.duration
             if sampler is not None:
-                background.start_soon(sampler.run_sampling)
-            if config.progress:
-                background.start_soon(run_progress, config, counters, run_start)
-            await _run_phase(
-                clients,
-                _Plan(config.request_limit, deadline),
-                config.timeout,
-                run_start,
-                results,
-                counters,
-                config.ramp_up,
-            )
-            background.cancel_scope.cancel()
-        wall = time.perf_counter() - run_start
-        loader_cpu = time.process_time() - cpu_start
-        if sampler is not None:
-            sampler.sample()
+                sampler.sample()
+            async with trio.open_nursery() as background:
+                if sampler is not None:
+                    background.start_soon(sampler.run_sampling)
+                if config.progress:
+                    background.start_soon(run_progress, config, counters, run_start)
+                await _run_phase(
+                    clients,
+                    _Plan(config.request_limit, deadline),
+                    config.timeout,
+                    run_start,
+                    results,
+                    counters,
+                    config.ramp_up,
+                )
+                background.cancel_scope.cancel()
+            wall = time.perf_counter() - run_start
+            loader_cpu = time.process_time() - cpu_start
+            if sampler is not None:
+                sampler.sample()
     finally:
         for client in clients:
             await client.aclose()
