@@ -854,7 +854,7 @@ def test_default_ids_are_128_random_bits_never_repeated_not_even_by_a_forked_chi
     from gateway.streams.translator import random_id
 
     ids = [random_id("resp") for _ in range(1000)]
-    assert len(set(ids)) == 1000 and all(re.fullmatch(r"resp_[0-9a-f]{32}", i) for i in ids)
+    assert len(set(ids)) == 1000 and all(re.fullmatch(r"resp_[0-9a-f]{44}", i) for i in ids)
     read, write = os.pipe()
     pid = os.fork()  # the rest of the parent's read must not be the child's too
     if pid == 0:
@@ -862,7 +862,21 @@ def test_default_ids_are_128_random_bits_never_repeated_not_even_by_a_forked_chi
         os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)
-    child = set(re.findall(r"c_[0-9a-f]{32}", os.read(read, 1 << 16).decode()))
+    child = set(re.findall(r"c_[0-9a-f]{44}", os.read(read, 1 << 16).decode()))
     os.close(read)
     parent = {random_id("c") for _ in range(20)}
     assert len(child) == 20 and not child & parent
+
+
+def test_default_ids_start_with_the_millisecond_so_ids_made_later_sort_later(monkeypatch):
+    """A store's index on ids grows at its right edge only if a later id sorts after an earlier one."""
+    import re
+
+    from gateway.streams import translator
+
+    clock = iter([1_700_000_000.0015, 1_700_000_000.0025, 1_700_000_001.0, 1_800_000_000.0])
+    monkeypatch.setattr(translator, "_wall_clock", lambda: next(clock))
+    ids = [translator.random_id("resp") for _ in range(4)]
+    assert ids == sorted(ids) and len(set(ids)) == 4
+    assert ids[0].startswith(f"resp_{1_700_000_000_001:012x}") and re.fullmatch(r"resp_[0-9a-f]{44}", ids[0])
+    assert ids[1].startswith(f"resp_{1_700_000_000_002:012x}")
